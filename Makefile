@@ -1,0 +1,38 @@
+# sweetspot: two commands for a newcomer (`make demo`, `make test`); the rest are building blocks.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# Where built tools are cached between runs (outside the work tree, keyed by version inside).
+export SWEETSPOT_CACHE_DIR ?= $(HOME)/.cache/sweetspot
+
+.PHONY: demo test venv llama-server prometheus bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "sweetspot needs Python 3.11+, found " + sys.version' 
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/sweetspot demo
+
+# Build (or reuse from the cache) the pinned llama-server used by the integration tests.
+llama-server: $(STAMP)
+	bash scripts/build-llama-server.sh
+
+# Install Prometheus (Debian package) when it is missing; the dashboard/alert tests need it.
+prometheus:
+	bash scripts/install-prometheus.sh
+
+test: $(STAMP) llama-server prometheus
+	$(PY) -m pytest
+
+bench: $(STAMP) llama-server
+	$(PY) bench/overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,29 @@
+"""The ``sweetspot`` command. Each sub-command lives in its own module and only handles arguments;
+the work is done by the package it calls into (``gateway.app``, ``gateway.sim``, ``gateway.bench``,
+``gateway.plan``)."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="sweetspot",
+    help="Adaptive concurrency gateway for LLM inference servers.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register() -> None:
+    """Import the sub-command modules; each one adds itself to ``app``."""
+    import importlib
+    import pkgutil
+
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+
+
+def main() -> None:
+    _register()
+    app()

@@ -1,0 +1,151 @@
+"""Every knob of the gateway, in one pydantic-settings class.
+
+Precedence, highest first: command-line flags (passed as keyword arguments), ``SWEETSPOT_*``
+environment variables, a TOML file (``--config`` / ``SWEETSPOT_CONFIG``), then the defaults below.
+Nothing else in the code base reads the environment: a reader looking for a knob finds it here.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+_TOML_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("sweetspot_toml", default=None)
+
+BackendKind = Literal["auto", "vllm", "llamacpp", "openai"]
+
+
+def _split_csv(value: Any) -> Any:
+    """Accept ``a,b`` as well as JSON lists from the environment, and lists from TOML/flags."""
+    if isinstance(value, str):
+        value = value.strip()
+        if value.startswith("["):
+            import json
+
+            return json.loads(value)
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """The gateway's configuration. Field docs are the reference; ``sweetspot serve --help`` mirrors them."""
+
+    model_config = SettingsConfigDict(env_prefix="SWEETSPOT_", extra="ignore", validate_default=True)
+
+    # --- listening -------------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in containers).")
+    port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # --- upstreams -------------------------------------------------------------------------------
+    upstreams: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Base URLs of the inference servers, e.g. http://vllm:8000."
+    )
+    backend: BackendKind = Field(
+        "auto", description="Backend type for reading its /metrics; 'auto' detects it from what the server answers."
+    )
+    upstream_api_key: str | None = Field(
+        None, description="Bearer token the gateway sends upstream instead of the client's."
+    )
+    connect_timeout_s: float = Field(5.0, gt=0, description="TCP connect timeout to an upstream.")
+    upstream_timeout_s: float = Field(
+        600.0, gt=0, description="Longest a single upstream request may take (generation included)."
+    )
+    health_interval_s: float = Field(2.0, gt=0, description="How often each upstream's health is polled.")
+    metrics_interval_s: float = Field(
+        2.0, gt=0, description="How often each upstream's own /metrics (KV usage, waiting, preemptions) is scraped."
+    )
+    metrics_stale_s: float = Field(
+        10.0, gt=0, description="Backend metrics older than this are treated as missing (fall back to local signals)."
+    )
+
+    # --- clients ---------------------------------------------------------------------------------
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Accepted client API keys (Authorization: Bearer). Empty: no auth."
+    )
+    max_body_bytes: int = Field(
+        16 * 1024 * 1024, gt=0, description="Largest request body accepted; larger gets 413."
+    )
+    priority_header: str = Field(
+        "x-sweetspot-priority",
+        description="Request header carrying an integer priority; higher is admitted first, FIFO within a priority.",
+    )
+
+    # --- admission -------------------------------------------------------------------------------
+    max_queue: int = Field(
+        1024, ge=0, description="Requests allowed to wait for a permit; beyond it the gateway answers 429."
+    )
+    queue_timeout_s: float = Field(
+        60.0, gt=0, description="Longest a request may wait in the queue before a 503 with Retry-After."
+    )
+    initial_limit: int = Field(
+        8, ge=1, description="Concurrency limit per upstream at start (or always, with the controller off)."
+    )
+    limit_min: int = Field(1, ge=1, description="The controller never sets a limit below this.")
+    limit_max: int = Field(256, ge=1, description="The controller never sets a limit above this.")
+    window_s: float = Field(
+        10.0, gt=0, description="Sliding window of per-request samples the statistics and the controller read."
+    )
+    sweep_result: Path | None = Field(
+        None, description="A `sweetspot sweep` JSON result: the controller starts at its sweet spot."
+    )
+
+    # --- controller (AIMD) -----------------------------------------------------------------------
+    control_enabled: bool = Field(True, description="Move the limit with the AIMD controller; off = static limit.")
+    control_interval_s: float = Field(2.0, gt=0, description="Controller tick period.")
+
+    @field_validator("upstreams", "api_keys", mode="before")
+    @classmethod
+    def _csv(cls, value: Any) -> Any:
+        return _split_csv(value)
+
+    @field_validator("upstreams")
+    @classmethod
+    def _strip_slash(cls, value: list[str]) -> list[str]:
+        return [url.rstrip("/") for url in value]
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "Settings":
+        if self.limit_min > self.limit_max:
+            raise ValueError(f"limit_min ({self.limit_min}) exceeds limit_max ({self.limit_max})")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = _TOML_FILE.get()
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if toml_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+        return tuple(sources)
+
+
+def load_settings(config: Path | None = None, **flags: Any) -> Settings:
+    """Build the settings from flags (``None`` values mean "not given"), env and an optional TOML file."""
+    import os
+
+    if config is None and os.environ.get("SWEETSPOT_CONFIG"):
+        config = Path(os.environ["SWEETSPOT_CONFIG"])
+    if config is not None and not config.is_file():
+        raise FileNotFoundError(f"config file not found: {config}")
+    token = _TOML_FILE.set(config)
+    try:
+        return Settings(**{key: value for key, value in flags.items() if value is not None})
+    finally:
+        _TOML_FILE.reset(token)

@@ -1,0 +1,173 @@
+"""Every Prometheus metric the gateway exports, defined in one place.
+
+Names are part of the public contract (dashboards and alert rules in ``deploy/`` query them), so they
+change only with a note in the changelog. All are prefixed ``sweetspot_``; per-backend series carry an
+``upstream`` label holding the upstream's base URL as configured.
+
+Each :func:`create_app` builds its own :class:`GatewayMetrics` on its own registry, so several gateways
+(or tests) in one process never share counters.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+# LLM latencies span four orders of magnitude: a cached first token in a few ms, a long generation
+# queued behind others in minutes.
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0,
+    15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0, 600.0,
+)
+# Time per output token: ~5 ms on a fast GPU with one stream, ~100 ms is the edge of readable streaming.
+TPOT_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+    0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+)
+# The gateway's own cost per request: tens of microseconds to a few milliseconds.
+OVERHEAD_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+)
+
+
+class GatewayMetrics:
+    """The gateway's metrics on one registry. Attribute names mirror the exported names."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+
+        self.info = Info("sweetspot", "Gateway build information.", registry=r)
+
+        # --- requests, as the clients see them -----------------------------------------------------
+        self.requests = Counter(
+            "sweetspot_requests", "Client requests answered, by route and HTTP status.",
+            ["route", "status"], registry=r,
+        )
+        self.rejections = Counter(
+            "sweetspot_rejections",
+            "Requests the gateway refused itself, by reason (queue_full, queue_timeout, no_upstream, "
+            "client_disconnected, unauthorized, bad_request, body_too_large, model_not_found).",
+            ["reason"], registry=r,
+        )
+
+        # --- admission -----------------------------------------------------------------------------
+        self.queue_depth = Gauge("sweetspot_queue_depth", "Requests waiting for a permit.", registry=r)
+        self.queue_capacity = Gauge("sweetspot_queue_capacity", "Configured max_queue.", registry=r)
+        self.queue_wait = Histogram(
+            "sweetspot_queue_wait_seconds", "Time requests spent queued before admission (admitted ones).",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.inflight = Gauge(
+            "sweetspot_inflight", "Requests admitted to the upstream and not finished.", ["upstream"], registry=r
+        )
+        self.limit = Gauge(
+            "sweetspot_limit", "Current concurrency limit of the upstream.", ["upstream"], registry=r
+        )
+        self.upstream_healthy = Gauge(
+            "sweetspot_upstream_healthy", "1 when the upstream's health check passes.", ["upstream"], registry=r
+        )
+
+        # --- per-request measurements --------------------------------------------------------------
+        self.ttft = Histogram(
+            "sweetspot_ttft_seconds", "Time to first token as the client saw it, queue wait included.",
+            ["upstream"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.upstream_ttft = Histogram(
+            "sweetspot_upstream_ttft_seconds", "Time to first token from admission: what the backend caused.",
+            ["upstream"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.tpot = Histogram(
+            "sweetspot_tpot_seconds", "Time per output token after the first: (E2E - TTFT) / (tokens - 1).",
+            ["upstream"], buckets=TPOT_BUCKETS, registry=r,
+        )
+        self.e2e = Histogram(
+            "sweetspot_e2e_seconds", "End-to-end request latency as the client saw it.",
+            ["upstream"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "sweetspot_prompt_tokens", "Prompt tokens of finished requests (from upstream usage).",
+            ["upstream"], registry=r,
+        )
+        self.output_tokens = Counter(
+            "sweetspot_output_tokens", "Output tokens of finished requests (from upstream usage).",
+            ["upstream"], registry=r,
+        )
+        self.upstream_requests = Counter(
+            "sweetspot_upstream_requests",
+            "Requests sent upstream, by outcome (ok, upstream_error, client_cancelled, timed_out, client_error).",
+            ["upstream", "outcome"], registry=r,
+        )
+        self.upstream_retries = Counter(
+            "sweetspot_upstream_retries",
+            "Requests re-sent before any byte came back (stale keep-alive connection or failover).",
+            ["upstream", "reason"], registry=r,
+        )
+        self.overhead = Histogram(
+            "sweetspot_overhead_seconds",
+            "Time the gateway itself adds to a request: arrival to upstream send, queue wait excluded.",
+            buckets=OVERHEAD_BUCKETS, registry=r,
+        )
+
+        # --- the controller ------------------------------------------------------------------------
+        self.decisions = Counter(
+            "sweetspot_controller_decisions",
+            "Controller decisions, by action (increase, decrease, hold) and reason.",
+            ["upstream", "action", "reason"], registry=r,
+        )
+        self.window_tokens_per_s = Gauge(
+            "sweetspot_window_output_tokens_per_second",
+            "Output tokens/s over the controller's sliding window.", ["upstream"], registry=r,
+        )
+        self.window_ttft_p99 = Gauge(
+            "sweetspot_window_upstream_ttft_p99_seconds",
+            "p99 TTFT net of queue wait over the sliding window.", ["upstream"], registry=r,
+        )
+        self.window_tpot_p99 = Gauge(
+            "sweetspot_window_tpot_p99_seconds", "p99 TPOT over the sliding window.", ["upstream"], registry=r,
+        )
+        self.sweet_spot = Gauge(
+            "sweetspot_sweep_sweet_spot",
+            "Sweet spot measured by `sweetspot sweep` for the upstream (0 when none was given).",
+            ["upstream"], registry=r,
+        )
+        self.sweep_peak_tokens_per_s = Gauge(
+            "sweetspot_sweep_peak_tokens_per_second",
+            "Peak output tokens/s measured by `sweetspot sweep` (the controller's reference).",
+            ["upstream"], registry=r,
+        )
+        self.hard_cap = Gauge(
+            "sweetspot_limit_hard_cap",
+            "Upper bound on the limit learned from the upstream (slots, KV capacity); 0 when unknown.",
+            ["upstream"], registry=r,
+        )
+
+        # --- headroom: GPUs and the backend's own signals ------------------------------------------
+        self.gpu_memory_free_ratio = Gauge(
+            "sweetspot_gpu_memory_free_ratio", "NVML free memory / total, per GPU.", ["gpu"], registry=r
+        )
+        self.gpu_utilization_ratio = Gauge(
+            "sweetspot_gpu_utilization_ratio", "NVML GPU utilisation (0-1), per GPU.", ["gpu"], registry=r
+        )
+        self.backend_kv_usage = Gauge(
+            "sweetspot_backend_kv_cache_usage_ratio",
+            "The backend's KV-cache usage (0-1) from its /metrics.", ["upstream"], registry=r,
+        )
+        self.backend_running = Gauge(
+            "sweetspot_backend_requests_running", "Requests the backend reports running.", ["upstream"], registry=r
+        )
+        self.backend_waiting = Gauge(
+            "sweetspot_backend_requests_waiting",
+            "Requests the backend reports waiting in its own queue.", ["upstream"], registry=r,
+        )
+        self.backend_preemptions = Gauge(
+            "sweetspot_backend_preemptions",
+            "The backend's cumulative preemption count as last scraped.", ["upstream"], registry=r,
+        )
+        self.backend_metrics_age = Gauge(
+            "sweetspot_backend_metrics_age_seconds",
+            "Seconds since the backend's /metrics were last read successfully (staleness).",
+            ["upstream"], registry=r,
+        )
+        self.backend_scrape_errors = Counter(
+            "sweetspot_backend_scrape_errors", "Failed scrapes of the backend's /metrics.", ["upstream"], registry=r
+        )
