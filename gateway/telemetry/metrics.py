@@ -10,7 +10,10 @@ Each :func:`create_app` builds its own :class:`GatewayMetrics` on its own regist
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
+
+# `_created` series double the exposition size for no dashboard use (vLLM turns them off too).
+disable_created_metrics()
 
 # LLM latencies span four orders of magnitude: a cached first token in a few ms, a long generation
 # queued behind others in minutes.

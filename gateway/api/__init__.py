@@ -1,0 +1,1 @@
+"""HTTP routes: the OpenAI-shaped API, operational endpoints, request validation and error bodies."""

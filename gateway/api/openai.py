@@ -1,0 +1,303 @@
+"""The OpenAI-compatible routes: validate, queue for a permit, forward, stream back, measure.
+
+Order of checks follows what is cheapest to refuse first (auth, size, JSON, fields, model), so bad
+requests never take a queue place or an upstream slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import uuid
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.admission import AdmissionError, Permit
+from gateway.api.errors import error_response
+from gateway.api.validation import (
+    BadRequest,
+    ChatRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    parse_json_object,
+    validate,
+)
+from gateway.control.window import Outcome
+from gateway.core import Gateway
+from gateway.measure import RequestTracker
+from gateway.proxy import ProxyStreamResponse, SSEFilter, UpstreamReply, UpstreamUnavailable
+
+router = APIRouter()
+
+
+@dataclass(frozen=True)
+class Route:
+    path: str
+    schema: type
+    streams: bool
+
+
+CHAT = Route("/v1/chat/completions", ChatRequest, True)
+COMPLETIONS = Route("/v1/completions", CompletionRequest, True)
+EMBEDDINGS = Route("/v1/embeddings", EmbeddingRequest, False)
+
+
+@router.post(CHAT.path)
+async def chat_completions(request: Request) -> Response:
+    return await _Forward(request, CHAT).run()
+
+
+@router.post(COMPLETIONS.path)
+async def completions(request: Request) -> Response:
+    return await _Forward(request, COMPLETIONS).run()
+
+
+@router.post(EMBEDDINGS.path)
+async def embeddings(request: Request) -> Response:
+    return await _Forward(request, EMBEDDINGS).run()
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    denied = check_auth(gateway, request)
+    if denied is not None:
+        return denied
+    return JSONResponse({"object": "list", "data": gateway.pool.all_models()})
+
+
+def check_auth(gateway: Gateway, request: Request) -> Response | None:
+    """401 unless the request carries one of the configured client keys (no keys: open)."""
+    keys = gateway.settings.api_keys
+    if not keys:
+        return None
+    header = request.headers.get("authorization", "")
+    token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    if token and any(hmac.compare_digest(token, key) for key in keys):
+        return None
+    gateway.metrics.rejections.labels("unauthorized").inc()
+    return error_response(401, "invalid or missing API key", code="invalid_api_key", reason="unauthorized")
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Completes when the client hangs up (the body was read already, so the next message is that)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class _Forward:
+    """One proxied request. A class only to keep its many steps readable; it lives for one request."""
+
+    def __init__(self, request: Request, route: Route) -> None:
+        self.request = request
+        self.route = route
+        self.gateway: Gateway = request.app.state.gateway
+        self.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        self.tracker = RequestTracker(arrived=self.gateway.clock(), clock=self.gateway.clock)
+
+    def _answer(self, response: Response) -> Response:
+        response.headers["x-request-id"] = self.request_id
+        self.gateway.metrics.requests.labels(self.route.path, str(response.status_code)).inc()
+        return response
+
+    def _refuse(self, status: int, message: str, reason: str, *, code: str | None = None,
+                param: str | None = None, retry_after_s: int | None = None) -> Response:
+        self.gateway.metrics.rejections.labels(reason).inc()
+        return self._answer(error_response(status, message, code=code or reason, param=param, reason=reason,
+                                           retry_after_s=retry_after_s))
+
+    async def _read_body(self) -> bytes | None:
+        limit = self.gateway.settings.max_body_bytes
+        declared = self.request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return None
+        body = bytearray()
+        async for chunk in self.request.stream():
+            body += chunk
+            if len(body) > limit:
+                return None
+        return bytes(body)
+
+    async def run(self) -> Response:
+        gateway = self.gateway
+        denied = check_auth(gateway, self.request)
+        if denied is not None:
+            return self._answer(denied)
+        body = await self._read_body()
+        if body is None:
+            return self._refuse(413, f"request body exceeds {gateway.settings.max_body_bytes} bytes",
+                                "body_too_large")
+        try:
+            data = parse_json_object(body)
+            parsed = validate(self.route.schema, data)
+            priority = self._priority()
+        except BadRequest as exc:
+            return self._refuse(400, str(exc), "bad_request", code=exc.code or "invalid_request", param=exc.param)
+        model: str = parsed.model  # type: ignore[attr-defined]
+        eligible = gateway.pool.eligible(model)
+        if not eligible:
+            return self._refuse(404, f"the model `{model}` does not exist on any upstream", "model_not_found",
+                                param="model")
+        stream = bool(getattr(parsed, "stream", False)) and self.route.streams
+        forward_usage = True
+        if stream:
+            options = data.get("stream_options") or {}
+            forward_usage = bool(options.get("include_usage"))
+            if not forward_usage:
+                # Ask for usage so token counts are always known; the usage chunk is dropped on the way back.
+                data["stream_options"] = {**options, "include_usage": True}
+                body = json.dumps(data).encode()
+        disconnected = asyncio.ensure_future(_wait_disconnect(self.request))
+        handed_off = False
+        try:
+            permit = await self._admit(eligible, priority, disconnected)
+            if permit is None:
+                return self._answer(Response(status_code=499))
+            response = await self._send(permit, eligible, body, stream, forward_usage, disconnected)
+            handed_off = isinstance(response, ProxyStreamResponse)
+            return self._answer(response)
+        except AdmissionError as exc:
+            return self._refuse(exc.status, str(exc), exc.reason, retry_after_s=exc.retry_after_s)
+        finally:
+            if not handed_off:
+                disconnected.cancel()
+
+    def _priority(self) -> int:
+        raw = self.request.headers.get(self.gateway.settings.priority_header)
+        if raw is None:
+            return 0
+        try:
+            return int(raw)
+        except ValueError:
+            raise BadRequest(f"header {self.gateway.settings.priority_header} must be an integer",
+                             param=self.gateway.settings.priority_header) from None
+
+    async def _admit(self, eligible: list[str], priority: int, disconnected: asyncio.Future) -> Permit | None:
+        """Wait for a permit unless the client leaves first (then None: it never reaches an upstream)."""
+        gateway = self.gateway
+        waited_from = gateway.clock()
+        acquire = asyncio.ensure_future(
+            gateway.queue.acquire(priority=priority, eligible=eligible, timeout_s=gateway.settings.queue_timeout_s)
+        )
+        if not acquire.done():
+            await asyncio.wait({acquire, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+        if not acquire.done():
+            acquire.cancel()
+            await asyncio.gather(acquire, return_exceptions=True)
+            gateway.metrics.rejections.labels("client_disconnected").inc()
+            return None
+        permit = acquire.result()
+        queue_wait = permit.admitted - waited_from
+        gateway.metrics.queue_wait.observe(queue_wait)
+        self.tracker.admit(gateway.pool.by_name[permit.limiter.name], permit.admitted, queue_wait)
+        return permit
+
+    async def _send(self, permit: Permit, eligible: list[str], body: bytes, stream: bool, forward_usage: bool,
+                    disconnected: asyncio.Future) -> Response:
+        """Forward with one failover to another upstream for failures before any byte; owns ``permit``
+        until a streaming response takes it over."""
+        gateway = self.gateway
+        headers = gateway.upstream_headers(self.request.headers.get("authorization"), self.request_id,
+                                           stream=stream)
+        self.tracker.streamed = stream
+        tried: set[str] = set()
+        while True:
+            upstream = gateway.pool.by_name[permit.limiter.name]
+            if not tried:
+                gateway.metrics.overhead.observe(
+                    max(gateway.clock() - self.tracker.arrived - self.tracker.queue_wait, 0.0))
+            tried.add(upstream.name)
+            self.tracker.switch(upstream)
+            send = asyncio.ensure_future(gateway.client.send(upstream.url, self.route.path, body, headers))
+            await asyncio.wait({send, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+            if not send.done():
+                send.cancel()
+                await asyncio.gather(send, return_exceptions=True)
+                return self._finish(permit, Outcome.CLIENT_CANCELLED, Response(status_code=499))
+            try:
+                reply = send.result()
+            except UpstreamUnavailable as exc:
+                if exc.connect_failed:
+                    upstream.limiter.healthy = False  # the health poll brings it back
+                others = [name for name in eligible if name not in tried]
+                alternative = gateway.queue.try_acquire(others) if others else None
+                if alternative is not None:
+                    gateway.metrics.upstream_retries.labels(upstream.name, "failover").inc()
+                    self.tracker.failed_attempt(gateway.metrics)
+                    gateway.queue.release(permit)
+                    permit = alternative
+                    continue
+                return self._finish(permit, Outcome.UPSTREAM_ERROR, self._upstream_failure(exc))
+            except asyncio.TimeoutError:
+                return self._finish(permit, Outcome.TIMED_OUT,
+                                    error_response(504, "the upstream did not answer in time", code="upstream_timeout"))
+            if stream and reply.status == 200:
+                return self._stream(permit, reply, forward_usage, disconnected)
+            return await self._buffered(permit, reply, disconnected)
+
+    def _upstream_failure(self, exc: UpstreamUnavailable) -> Response:
+        if exc.status is not None and exc.body:
+            try:
+                payload = json.loads(exc.body)
+            except ValueError:
+                payload = None
+            if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+                return Response(exc.body, status_code=exc.status, media_type="application/json")
+        status = 503 if exc.status == 503 else 502
+        return error_response(status, f"upstream failure: {exc}", code="upstream_unavailable")
+
+    def _stream(self, permit: Permit, reply: UpstreamReply, forward_usage: bool,
+                disconnected: asyncio.Future) -> Response:
+        sse = SSEFilter(self.tracker, self.gateway.clock, forward_usage=forward_usage)
+        headers = {"cache-control": "no-cache", "x-accel-buffering": "no", "x-request-id": self.request_id}
+
+        def done(outcome: Outcome) -> None:
+            disconnected.cancel()
+            self._release(permit, outcome)
+
+        return ProxyStreamResponse(reply, sse, headers=headers, disconnected=disconnected, on_done=done)
+
+    async def _buffered(self, permit: Permit, reply: UpstreamReply, disconnected: asyncio.Future) -> Response:
+        read = asyncio.ensure_future(reply.response.read())
+        await asyncio.wait({read, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+        if not read.done():
+            read.cancel()
+            await asyncio.gather(read, return_exceptions=True)
+            reply.close()
+            return self._finish(permit, Outcome.CLIENT_CANCELLED, Response(status_code=499))
+        try:
+            payload = read.result()
+        except asyncio.TimeoutError:
+            reply.close()
+            return self._finish(permit, Outcome.TIMED_OUT,
+                                error_response(504, "the upstream did not answer in time", code="upstream_timeout"))
+        except Exception as exc:  # aiohttp.ClientError and friends: the body broke off
+            reply.close()
+            return self._finish(permit, Outcome.UPSTREAM_ERROR,
+                                error_response(502, f"upstream failed while answering: {type(exc).__name__}",
+                                               code="upstream_disconnected"))
+        reply.response.release()
+        status = reply.status
+        outcome = Outcome.OK if status < 400 else Outcome.CLIENT_ERROR if status < 500 else Outcome.UPSTREAM_ERROR
+        if status == 200:
+            try:
+                usage = json.loads(payload).get("usage")
+            except (ValueError, AttributeError):
+                usage = None
+            if isinstance(usage, dict):
+                self.tracker.usage(usage)
+        content_type = reply.response.headers.get("content-type", "application/json")
+        return self._finish(permit, outcome, Response(payload, status_code=status, media_type=content_type))
+
+    def _release(self, permit: Permit, outcome: Outcome) -> None:
+        self.tracker.finish(outcome, self.gateway.metrics)
+        self.gateway.queue.release(permit)
+
+    def _finish(self, permit: Permit, outcome: Outcome, response: Response) -> Response:
+        self._release(permit, outcome)
+        return response

@@ -1,0 +1,75 @@
+"""Request-body checks for the OpenAI routes.
+
+The gateway validates only what it must understand (the model, the prompt, streaming and token
+limits) and the types of common fields, so a mistyped request fails here with a clear 400 instead of
+costing an upstream slot. Every other field passes through untouched: backends add their own
+(``ignore_eos``, ``top_k``, ``chat_template_kwargs``, ...), and the original bytes are forwarded
+whenever the gateway does not need to change them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+_Number = Union[StrictInt, StrictFloat]
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr = Field(min_length=1)
+    stream: StrictBool = False
+    stream_options: dict[str, Any] | None = None
+    max_tokens: StrictInt | None = Field(None, ge=0)
+    n: StrictInt | None = Field(None, ge=1)
+    temperature: _Number | None = None
+    top_p: _Number | None = None
+    user: StrictStr | None = None
+
+
+class ChatRequest(_Common):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=0)
+
+
+class CompletionRequest(_Common):
+    prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr = Field(min_length=1)
+    input: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        raise BadRequest("request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    return data
+
+
+def validate(model: type[BaseModel], data: dict[str, Any]) -> BaseModel:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        raise BadRequest(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None

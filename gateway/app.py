@@ -1,0 +1,71 @@
+"""``create_app(settings)``: builds the gateway's parts and wires them into a FastAPI app.
+
+No request logic lives here; the routes are in ``gateway.api``, the parts in ``gateway.core`` and the
+background loops in ``gateway.runtime``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from gateway import __version__
+from gateway.api import openai as openai_routes
+from gateway.api import ops as ops_routes
+from gateway.api.errors import error_response
+from gateway.core import Gateway
+from gateway.runtime import every, health_tick
+from gateway.settings import Settings
+
+
+def _bind_gauges(gateway: Gateway) -> None:
+    """Gauges read at scrape time from the live objects: no bookkeeping on the request path."""
+    metrics = gateway.metrics
+    metrics.queue_depth.set_function(lambda: gateway.queue.depth)
+    for upstream in gateway.pool:
+        limiter = upstream.limiter
+        metrics.inflight.labels(upstream.name).set_function(lambda limiter=limiter: limiter.inflight)
+        metrics.limit.labels(upstream.name).set_function(lambda limiter=limiter: limiter.limit)
+        metrics.upstream_healthy.labels(upstream.name).set_function(lambda limiter=limiter: int(limiter.healthy))
+
+
+def create_app(settings: Settings, *, gateway: Gateway | None = None) -> FastAPI:
+    gateway = gateway or Gateway.build(settings)
+    _bind_gauges(gateway)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        poll = health_tick(gateway)
+        await poll()  # know health and models before the first request
+        tasks = [asyncio.create_task(every(settings.health_interval_s, poll, "health poll"))]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await gateway.client.close()
+
+    app = FastAPI(title="sweetspot", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.gateway = gateway
+    app.include_router(openai_routes.router)
+    app.include_router(ops_routes.router)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            message = f"unknown route: {request.method} {request.url.path}"
+            return error_response(404, message, code="unknown_route")
+        return error_response(exc.status_code, str(exc.detail), code="http_error")
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return error_response(400, str(exc), code="invalid_request")
+
+    return app

@@ -1,0 +1,42 @@
+"""``sweetspot serve``: run the gateway under uvicorn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gateway.cli import app
+
+
+@app.command("serve")
+def serve(
+    upstream: Annotated[Optional[list[str]], typer.Option("--upstream", "-u", help="Upstream base URL (repeatable).")] = None,
+    host: Annotated[Optional[str], typer.Option(help="Listen address [env SWEETSPOT_HOST].")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Listen port [env SWEETSPOT_PORT].")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML settings file.")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="auto, vllm, llamacpp or openai.")] = None,
+    initial_limit: Annotated[Optional[int], typer.Option(help="Concurrency limit per upstream at start.")] = None,
+    max_queue: Annotated[Optional[int], typer.Option(help="Queue size before 429.")] = None,
+    queue_timeout_s: Annotated[Optional[float], typer.Option(help="Queue wait before 503.")] = None,
+    control: Annotated[Optional[bool], typer.Option("--control/--no-control", help="AIMD controller on/off.")] = None,
+    sweep_result: Annotated[Optional[Path], typer.Option(help="`sweetspot sweep` JSON: start at its sweet spot.")] = None,
+    log_level: Annotated[Optional[str], typer.Option(help="debug, info, warning or error.")] = None,
+) -> None:
+    """Run the gateway. Every option can also come from SWEETSPOT_* env vars or the TOML file."""
+    from gateway.server import run
+
+    run(
+        config=config,
+        upstreams=upstream or None,
+        host=host,
+        port=port,
+        backend=backend,
+        initial_limit=initial_limit,
+        max_queue=max_queue,
+        queue_timeout_s=queue_timeout_s,
+        control_enabled=control,
+        sweep_result=sweep_result,
+        log_level=log_level,
+    )

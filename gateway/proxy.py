@@ -1,0 +1,261 @@
+"""Talking to upstreams: send a request, pass its answer back (streamed chunk by chunk), capture
+usage and timing, and close the upstream request the moment the client goes away.
+
+The upstream client is aiohttp, chosen by measurement (see ``bench/upstream_client.py`` and the
+README): on this class of machine it spends several times less CPU per request than httpx, which
+decides how much of a small CPU the gateway leaves to everything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from gateway.api.errors import sse_error_event
+from gateway.control.window import Outcome
+from gateway.measure import RequestTracker
+from gateway.telemetry.metrics import GatewayMetrics
+
+log = logging.getLogger("sweetspot.proxy")
+
+# Errors that mean "the connection died before the upstream answered". llama-server closes a
+# connection after a streamed reply while still advertising keep-alive, so a request sent on such a
+# pooled connection fails this way without the server having seen it: safe to send again.
+STALE_CONNECTION_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+STALE_RETRIES = 2
+
+
+class UpstreamUnavailable(Exception):
+    """The upstream could not be reached or failed before sending a byte: another may be tried."""
+
+    def __init__(self, message: str, *, status: int | None = None, body: bytes | None = None,
+                 connect_failed: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+        self.connect_failed = connect_failed
+
+
+@dataclass
+class UpstreamReply:
+    """An upstream response whose status and headers have arrived; the body is still unread."""
+
+    response: aiohttp.ClientResponse
+
+    @property
+    def status(self) -> int:
+        return self.response.status
+
+    def close(self) -> None:
+        self.response.close()
+
+
+class UpstreamClient:
+    """One pooled aiohttp session for all upstream traffic."""
+
+    def __init__(self, *, connect_timeout_s: float, total_timeout_s: float, metrics: GatewayMetrics) -> None:
+        self._connect_timeout_s = connect_timeout_s
+        self._total_timeout_s = total_timeout_s
+        self._metrics = metrics
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self._total_timeout_s, connect=self._connect_timeout_s),
+                skip_auto_headers=("User-Agent",),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send(self, base_url: str, path: str, body: bytes, headers: dict[str, str]) -> UpstreamReply:
+        """POST and wait for the status line. Raises :class:`UpstreamUnavailable` for failures that
+        happened before any byte of an answer (connect errors, 5xx), retrying stale connections."""
+        url = base_url + path
+        for attempt in range(STALE_RETRIES + 1):
+            try:
+                response = await self.session.post(url, data=body, headers=headers)
+            except aiohttp.ClientConnectorError as exc:
+                raise UpstreamUnavailable(f"cannot connect to {base_url}: {exc}", connect_failed=True) from exc
+            except STALE_CONNECTION_ERRORS as exc:
+                if attempt < STALE_RETRIES:
+                    self._metrics.upstream_retries.labels(base_url, "stale_connection").inc()
+                    continue
+                raise UpstreamUnavailable(f"{base_url} closed the connection: {exc}") from exc
+            if response.status >= 500:
+                payload = await _read_quietly(response)
+                raise UpstreamUnavailable(
+                    f"{base_url} answered {response.status}", status=response.status, body=payload
+                )
+            return UpstreamReply(response)
+        raise AssertionError("unreachable")
+
+
+async def _read_quietly(response: aiohttp.ClientResponse) -> bytes:
+    try:
+        return await response.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return b""
+    finally:
+        response.release()
+
+
+def _has_token(choices: list) -> bool:
+    """True when a chunk carries generated output (not just the role or an empty delta)."""
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("text"):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and (
+            delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+            or delta.get("tool_calls")
+        ):
+            return True
+    return False
+
+
+class SSEFilter:
+    """Watches an upstream SSE stream event by event: times the first token, counts tokens, keeps the
+    usage, and drops the usage-only chunk when the client did not ask for it."""
+
+    def __init__(self, tracker: RequestTracker, clock: Callable[[], float], *, forward_usage: bool) -> None:
+        self._tracker = tracker
+        self._clock = clock
+        self._forward_usage = forward_usage
+        self._buffer = bytearray()
+        self.upstream_error: str | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        """Bytes to send to the client for this read: every complete event, filtered."""
+        buffer = self._buffer
+        buffer += data
+        out = bytearray()
+        start = 0
+        while True:
+            end = buffer.find(b"\n\n", start)
+            if end < 0:
+                break
+            event = bytes(buffer[start:end + 2])
+            start = end + 2
+            if self._keep(event):
+                out += event
+        del buffer[:start]
+        return bytes(out)
+
+    def flush(self) -> bytes:
+        """Whatever is left when the stream ends (an unterminated last event)."""
+        rest, self._buffer = bytes(self._buffer), bytearray()
+        return rest if rest.strip() else b""
+
+    def _keep(self, event: bytes) -> bool:
+        if not event.startswith(b"data:"):
+            return True  # comments / keep-alives / other SSE fields pass through
+        payload = event[5:].strip()
+        if payload == b"[DONE]":
+            return True
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            return True
+        if not isinstance(chunk, dict):
+            return True
+        if "error" in chunk:
+            error = chunk["error"]
+            self.upstream_error = error.get("message") if isinstance(error, dict) else str(error)
+            return True
+        choices = chunk.get("choices")
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self._tracker.usage(usage)
+        if choices:
+            if _has_token(choices):
+                self._tracker.tokens(1, self._clock())
+            return True
+        return self._forward_usage or not isinstance(usage, dict)
+
+
+class ProxyStreamResponse(Response):
+    """Streams an upstream SSE reply to the client as it arrives and always cleans up once: closes the
+    upstream request (which aborts generation there), releases the permit, records the sample."""
+
+    def __init__(
+        self,
+        reply: UpstreamReply,
+        sse: SSEFilter,
+        *,
+        headers: dict[str, str],
+        disconnected: asyncio.Task,
+        on_done: Callable[[Outcome], Awaitable[None] | None],
+    ) -> None:
+        super().__init__(status_code=reply.status, headers=headers, media_type="text/event-stream")
+        # Response adds content-length: 0 for its empty body; a stream has no length.
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        self._reply = reply
+        self._sse = sse
+        self._disconnected = disconnected
+        self._on_done = on_done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        outcome = Outcome.OK
+        pump = asyncio.ensure_future(self._pump(send))
+        try:
+            done, _ = await asyncio.wait({pump, self._disconnected}, return_when=asyncio.FIRST_COMPLETED)
+            if pump in done:
+                outcome = pump.result()
+            else:
+                outcome = Outcome.CLIENT_CANCELLED
+                pump.cancel()
+                await asyncio.gather(pump, return_exceptions=True)
+        except asyncio.CancelledError:
+            outcome = Outcome.CLIENT_CANCELLED
+            pump.cancel()
+            raise
+        finally:
+            self._reply.close()
+            result = self._on_done(outcome)
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def _pump(self, send: Send) -> Outcome:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        sse = self._sse
+        outcome = Outcome.OK
+        try:
+            async for data in self._reply.response.content.iter_any():
+                out = sse.feed(data)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            tail = sse.flush()
+            if tail:
+                await send({"type": "http.response.body", "body": tail, "more_body": True})
+            if sse.upstream_error is not None:
+                outcome = Outcome.UPSTREAM_ERROR
+        except asyncio.TimeoutError:
+            outcome = Outcome.TIMED_OUT
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": sse_error_event("the upstream timed out mid-stream", code="upstream_timeout",
+                                                status=504)})
+        except (aiohttp.ClientError, OSError) as exc:
+            outcome = Outcome.UPSTREAM_ERROR
+            log.warning("upstream stream broke: %s: %s", type(exc).__name__, exc)
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": sse_error_event(f"the upstream failed mid-stream ({type(exc).__name__})",
+                                                code="upstream_disconnected")})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return outcome
