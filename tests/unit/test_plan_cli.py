@@ -70,3 +70,25 @@ def test_missing_shape_is_a_clear_error() -> None:
     result = _invoke(["--params", "8B", "--weight-quant", "bf16"])
     assert result.exit_code == 2
     assert "layer" in result.output
+
+
+def test_gguf_file_with_flag_overrides(tmp_path) -> None:
+    from tests.unit.test_plan_sources import _write_gguf
+
+    path = tmp_path / "llama-tiny.gguf"
+    _write_gguf(
+        path, "llama",
+        {"block_count": 32, "embedding_length": 4096, "attention.head_count": 32, "attention.head_count_kv": 8},
+        {"token_embd.weight": (4, 4)},
+    )
+    # the file gives the shape (131,072 B/token at fp16); the flags give the weights and a q8_0 cache
+    result = _invoke(["--gguf", str(path), "--weights-gb", "15", "--kv-dtype", "q8_0", "--gpu-gb", "24",
+                      "--gpu-memory-utilization", "1.0", "--overhead-gb", "1", "--context", "8K", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    # q8_0: 2 rows x 32 blocks x 34 B x 32 layers = 69,632 B/token
+    assert report["kv_bytes_per_token"] == 69_632
+    assert report["model"]["sources"]["kv_heads"] == "gguf:llama.attention.head_count_kv"
+    assert report["model"]["sources"]["weight_bytes"] == "flag"
+    # (24 - 15 - 1) GiB = 8,589,934,592 B / (8192 x 69,632 = 570,425,344) = 15.06 -> 15
+    assert report["gpus"][0]["max_sequences"] == {"8192": 15}
