@@ -1,0 +1,397 @@
+"""The pure engine: a continuous-batching inference server on an injected clock.
+
+No I/O, no asyncio, no sleeping: every method takes the current (virtual) time as an argument,
+so the same object drives the HTTP simulator in real time and the controller's scenario tests on
+virtual time (hours of traffic in seconds of CPU).
+
+The scheduler follows vLLM V1 closely, because the cliff we want to reproduce comes from its
+rules, not from a formula:
+
+* each step every running sequence contributes its pending tokens under one token budget
+  (``max_num_batched_tokens``): one token for a decoding sequence, a chunk of the prompt for a
+  prefilling one (chunked prefill);
+* a step that completes a sequence's pending tokens samples one new token for it; all tokens of a
+  step appear at the step's end;
+* KV blocks are allocated for the tokens a step computes; when none are free the engine preempts
+  the most recently admitted running sequence by *recompute*: its blocks are freed, it goes back
+  to the front of the waiting queue, and when it runs again it must prefill its prompt *and* the
+  tokens it already produced (those tokens were delivered and stay delivered);
+* waiting sequences are admitted first-come-first-served while there is budget, a free slot under
+  ``max_num_seqs`` and room for their blocks, and only in steps without preemption.
+
+Stepping is cheap on purpose: a sequence is one small slotted object, a step is one pass over the
+running list, and nothing is allocated per token.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from gateway.sim.profiles import Profile
+
+WAITING = "waiting"
+RUNNING = "running"
+FINISHED = "finished"
+
+FINISH_LENGTH = "length"  # produced max_tokens
+FINISH_STOP = "stop"  # drew the end-of-sequence token
+FINISH_ABORT = "abort"  # aborted by the caller (client disconnected)
+FINISH_ERROR = "error"  # could never fit in the KV cache
+
+
+class InjectedError(RuntimeError):
+    """Raised by :meth:`Engine.submit` when the scenario's error rate says this request fails."""
+
+
+class Sequence:
+    """One request inside the engine. Times are on the engine's clock; ``None`` until they happen."""
+
+    __slots__ = (
+        "id", "prompt_len", "max_tokens", "target_len", "generated", "computed", "blocks", "state",
+        "arrival", "scheduled_at", "first_token_at", "last_token_at", "finished_at", "finish_reason",
+        "preemptions",
+    )
+
+    def __init__(self, sid: int, prompt_len: int, max_tokens: int, target_len: int, arrival: float):
+        self.id = sid
+        self.prompt_len = prompt_len
+        self.max_tokens = max_tokens
+        self.target_len = target_len  # tokens it will produce before finishing
+        self.generated = 0  # tokens produced (and delivered) so far
+        self.computed = 0  # tokens whose KV is cached
+        self.blocks = 0  # KV (+ recurrent state) blocks held
+        self.state = WAITING
+        self.arrival = arrival
+        self.scheduled_at: float | None = None  # first time it entered a batch
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.finished_at: float | None = None
+        self.finish_reason: str | None = None
+        self.preemptions = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.state == FINISHED
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.id}, state={self.state}, prompt={self.prompt_len}, "
+                f"generated={self.generated}/{self.target_len}, computed={self.computed})")
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one engine step did. ``tokens`` holds each sequence that produced a token (once per step)."""
+
+    start: float
+    end: float
+    tokens: list[int] = field(default_factory=list)
+    first_tokens: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    decode_seqs: int = 0
+    prefill_tokens: int = 0
+    kv_tokens: int = 0
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(slots=True)
+class Scenario:
+    """Run-time knobs ("the backend got 2x slower"), changed through :meth:`Engine.set_scenario`."""
+
+    speed_factor: float = 1.0  # step durations are multiplied by this (2.0 = twice as slow)
+    kv_fraction: float = 1.0  # share of the profile's KV blocks available
+    max_num_seqs: int | None = None  # overrides the profile's cap
+    error_rate: float = 0.0  # probability that submit() raises InjectedError
+    stalled_until: float = float("-inf")  # no step starts before this engine time
+
+
+class Engine:
+    """A continuous-batching server. Call :meth:`submit`, then :meth:`step` back to back.
+
+    ``eos_mean_tokens`` (optional) makes requests that do not set ``ignore_eos`` stop early at a
+    geometrically distributed length with that mean, as sampling an end-of-sequence token would.
+    All randomness comes from ``seed``, so a run is reproducible from its inputs.
+    """
+
+    def __init__(self, profile: Profile, *, seed: int = 0, eos_mean_tokens: float | None = None) -> None:
+        profile.validate()
+        self.profile = profile
+        self.eos_mean_tokens = eos_mean_tokens
+        self._rng = random.Random(seed)
+        self._seqs: dict[int, Sequence] = {}
+        self._next_id = 0
+        self._running: list[Sequence] = []
+        self._waiting: deque[Sequence] = deque()
+        self._state_blocks = profile.state_blocks_per_seq
+        self._block_size = profile.block_size
+        self.total_blocks = profile.num_gpu_blocks
+        self.used_blocks = 0
+        self.scenario = Scenario()
+        self.busy_until = float("-inf")  # end of the last step
+        # counters, monotonic like vLLM's Prometheus counters
+        self.num_preemptions = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.steps_total = 0
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, prompt_tokens: int, max_tokens: int, now: float, *, ignore_eos: bool = False) -> int:
+        """Queue a request; returns its sequence id. Raises :class:`InjectedError` per the error rate."""
+        if prompt_tokens < 1 or max_tokens < 1:
+            raise ValueError("prompt_tokens and max_tokens must be >= 1")
+        if prompt_tokens + max_tokens > self.profile.max_model_len:
+            raise ValueError(
+                f"prompt ({prompt_tokens}) + max_tokens ({max_tokens}) exceeds max_model_len "
+                f"{self.profile.max_model_len}")
+        if self.scenario.error_rate > 0.0 and self._rng.random() < self.scenario.error_rate:
+            raise InjectedError("injected failure (scenario error_rate)")
+        target = max_tokens
+        if not ignore_eos and self.eos_mean_tokens:
+            # geometric length: every token is EOS with probability 1/mean
+            u = self._rng.random()
+            p = 1.0 / self.eos_mean_tokens
+            draw = 1 + int(_log1m(u) / _log1m(p)) if p < 1.0 else 1
+            target = min(max_tokens, draw)
+        sid = self._next_id
+        self._next_id += 1
+        seq = Sequence(sid, prompt_tokens, max_tokens, target, now)
+        self._seqs[sid] = seq
+        self._waiting.append(seq)
+        return sid
+
+    def abort(self, sid: int, now: float) -> bool:
+        """Stop a sequence and free its KV at once. Returns False if it had already finished."""
+        seq = self._seqs.get(sid)
+        if seq is None or seq.state == FINISHED:
+            return False
+        if seq.state == RUNNING:
+            self._running.remove(seq)
+        else:
+            self._waiting.remove(seq)
+        self._finish(seq, FINISH_ABORT, now)
+        return True
+
+    def seq(self, sid: int) -> Sequence:
+        return self._seqs[sid]
+
+    def forget(self, sid: int) -> None:
+        """Drop a finished sequence's record (long runs call this to keep memory flat)."""
+        seq = self._seqs.get(sid)
+        if seq is not None and seq.state == FINISHED:
+            del self._seqs[sid]
+
+    # ------------------------------------------------------------------ state
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        """Share of KV blocks in use, 0..1 (vLLM's ``kv_cache_usage_perc``)."""
+        return min(1.0, self.used_blocks / self.total_blocks) if self.total_blocks else 1.0
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.scenario.max_num_seqs or self.profile.max_num_seqs
+
+    def running_ids(self) -> list[int]:
+        return [s.id for s in self._running]
+
+    def waiting_ids(self) -> list[int]:
+        return [s.id for s in self._waiting]
+
+    def next_step_at(self, now: float) -> float | None:
+        """When the next step can start, or None when there is nothing to do."""
+        if not self.has_work:
+            return None
+        return max(now, self.busy_until, self.scenario.stalled_until)
+
+    # ------------------------------------------------------------------ scenario knobs
+    def set_scenario(self, *, speed_factor: float | None = None, kv_fraction: float | None = None,
+                     max_num_seqs: int | None = None, error_rate: float | None = None,
+                     stalled_until: float | None = None) -> Scenario:
+        """Change the backend at run time; any knob left None keeps its value."""
+        sc = self.scenario
+        if speed_factor is not None:
+            if speed_factor <= 0:
+                raise ValueError("speed_factor must be > 0")
+            sc.speed_factor = float(speed_factor)
+        if kv_fraction is not None:
+            if not 0.0 < kv_fraction <= 1.0:
+                raise ValueError("kv_fraction must be in (0, 1]")
+            sc.kv_fraction = float(kv_fraction)
+            self.total_blocks = max(1, int(self.profile.num_gpu_blocks * kv_fraction))
+        if max_num_seqs is not None:
+            if max_num_seqs < 0:
+                raise ValueError("max_num_seqs must be >= 0 (0 = the profile's)")
+            sc.max_num_seqs = int(max_num_seqs) or None
+        if error_rate is not None:
+            if not 0.0 <= error_rate <= 1.0:
+                raise ValueError("error_rate must be in [0, 1]")
+            sc.error_rate = float(error_rate)
+        if stalled_until is not None:
+            sc.stalled_until = float(stalled_until)
+        return sc
+
+    def reset_scenario(self) -> Scenario:
+        self.scenario = Scenario()
+        self.total_blocks = self.profile.num_gpu_blocks
+        return self.scenario
+
+    # ------------------------------------------------------------------ stepping
+    def step(self, now: float) -> StepResult | None:
+        """Run one step starting at ``max(now, busy_until)``; None if idle or stalled at ``now``.
+
+        The caller owns time: in real time it sleeps until ``result.end`` before delivering the
+        tokens; on virtual time it simply calls ``step(result.end)`` next.
+        """
+        start = now if now > self.busy_until else self.busy_until
+        if start < self.scenario.stalled_until or not (self._running or self._waiting):
+            return None
+        res = StepResult(start, start)
+        budget = self.profile.max_num_batched_tokens
+        bs = self._block_size
+        running = self._running
+        scheduled: list[tuple[Sequence, int]] = []
+        decode = prefill = kv = 0
+
+        self._shrink_to_capacity(res)
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            n = seq.prompt_len + seq.generated - seq.computed
+            if n > budget:
+                n = budget
+            need = self._state_blocks + -(-(seq.computed + n) // bs) - seq.blocks
+            while need > self.total_blocks - self.used_blocks:
+                victim = running.pop()
+                self._preempt(victim, res)
+                if victim is seq:
+                    break
+            else:
+                self.used_blocks += need
+                seq.blocks += need
+                budget -= n
+                scheduled.append((seq, n))
+                kv += seq.computed + n
+                if n == 1 and seq.generated:
+                    decode += 1
+                else:
+                    prefill += n
+                i += 1
+                continue
+            # the sequence preempted itself; everything after it is gone too
+
+        if not res.preempted:
+            limit = self.max_num_seqs
+            waiting = self._waiting
+            while waiting and budget > 0 and len(running) < limit:
+                seq = waiting[0]
+                n = seq.prompt_len + seq.generated
+                if n > budget:
+                    n = budget
+                need = self._state_blocks + -(-n // bs)
+                if need > self.total_blocks - self.used_blocks:
+                    if not running and need > self.total_blocks:
+                        waiting.popleft()  # can never fit: fail it rather than hang
+                        self._finish(seq, FINISH_ERROR, start)
+                        res.finished.append(seq.id)
+                        continue
+                    break
+                waiting.popleft()
+                seq.state = RUNNING
+                if seq.scheduled_at is None:
+                    seq.scheduled_at = start
+                self.used_blocks += need
+                seq.blocks = need
+                running.append(seq)
+                budget -= n
+                scheduled.append((seq, n))
+                kv += n
+                prefill += n
+
+        if not scheduled:
+            return None if not res.finished and not res.preempted else res
+
+        duration = self.profile.step_time(decode, prefill, kv) * self.scenario.speed_factor
+        end = start + duration
+        res.end = end
+        res.decode_seqs, res.prefill_tokens, res.kv_tokens = decode, prefill, kv
+        self.busy_until = end
+        self.steps_total += 1
+        tokens = res.tokens
+        done: list[Sequence] = []
+        for seq, n in scheduled:
+            seq.computed += n
+            if seq.computed == seq.prompt_len + seq.generated:
+                seq.generated += 1
+                seq.last_token_at = end
+                tokens.append(seq.id)
+                if seq.first_token_at is None:
+                    seq.first_token_at = end
+                    res.first_tokens.append(seq.id)
+                    self.prompt_tokens_total += seq.prompt_len
+                if seq.generated >= seq.target_len:
+                    done.append(seq)
+        self.generation_tokens_total += len(tokens)
+        for seq in done:
+            running.remove(seq)
+            reason = FINISH_LENGTH if seq.generated >= seq.max_tokens else FINISH_STOP
+            self._finish(seq, reason, end)
+            res.finished.append(seq.id)
+        return res
+
+    def advance(self, until: float, now: float | None = None) -> list[StepResult]:
+        """Run steps back to back while one can start before ``until``; returns them in order."""
+        out: list[StepResult] = []
+        t = self.busy_until if now is None else now
+        while True:
+            at = self.next_step_at(t)
+            if at is None or at >= until:
+                return out
+            res = self.step(at)
+            if res is None:
+                return out
+            out.append(res)
+            t = res.end
+
+    # ------------------------------------------------------------------ internals
+    def _preempt(self, seq: Sequence, res: StepResult) -> None:
+        self.used_blocks -= seq.blocks
+        seq.blocks = 0
+        seq.computed = 0
+        seq.state = WAITING
+        seq.preemptions += 1
+        self.num_preemptions += 1
+        self._waiting.appendleft(seq)
+        res.preempted.append(seq.id)
+
+    def _shrink_to_capacity(self, res: StepResult) -> None:
+        """After the KV pool shrank (a scenario knob), preempt from the tail until it fits."""
+        while self.used_blocks > self.total_blocks and self._running:
+            self._preempt(self._running.pop(), res)
+
+    def _finish(self, seq: Sequence, reason: str, now: float) -> None:
+        self.used_blocks -= seq.blocks
+        seq.blocks = 0
+        seq.state = FINISHED
+        seq.finish_reason = reason
+        seq.finished_at = now
+
+
+def _log1m(x: float) -> float:
+    return math.log1p(-x)
