@@ -1,0 +1,52 @@
+"""``sweetspot sim``: run the built-in simulator of a vLLM-like inference server."""
+
+from __future__ import annotations
+
+import typer
+
+from gateway.cli import app
+
+
+@app.command("sim")
+def sim(
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(8000, help="Port to bind; 0 picks a free one (see the 'listening on' line)."),
+    profile: str = typer.Option("qwen3.6-35b-a3b-32gb", help="Model/GPU profile (--list-profiles shows them)."),
+    time_scale: float = typer.Option(1.0, help="Run the engine this many times faster than real time."),
+    model_name: str | None = typer.Option(None, help="Served model name (default: the profile's model)."),
+    seed: int = typer.Option(0, help="Seed for every random draw (output lengths, injected errors)."),
+    admin: bool = typer.Option(False, help="Enable POST /admin/scenario (speed, KV size, errors, stalls)."),
+    max_model_len: int | None = typer.Option(None, help="Override the profile's context length."),
+    max_num_seqs: int | None = typer.Option(None, help="Override the profile's max_num_seqs."),
+    eos_mean_tokens: float | None = typer.Option(
+        None, help="Requests without ignore_eos stop at a random length with this mean (default: run to max_tokens)."),
+    list_profiles: bool = typer.Option(False, "--list-profiles", help="Print the profiles and exit."),
+    log_level: str = typer.Option("warning", help="uvicorn log level."),
+) -> None:
+    """Serve an OpenAI-compatible, vLLM-shaped simulator whose throughput curve has a knee and a cliff."""
+    import dataclasses
+
+    from gateway.sim.profiles import PROFILES, get_profile
+
+    if list_profiles:
+        for p in PROFILES.values():
+            typer.echo(f"{p.name}: {p.description} ({p.num_gpu_blocks} KV blocks, "
+                       f"{p.kv_capacity_tokens} tokens)")
+        raise typer.Exit()
+    try:
+        chosen = get_profile(profile)
+        overrides = {k: v for k, v in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs)) if v}
+        if overrides:
+            chosen = dataclasses.replace(chosen, **overrides)
+            chosen.validate()
+    except (KeyError, ValueError) as exc:
+        raise typer.BadParameter(str(exc.args[0]), param_hint="--profile") from None
+    if time_scale <= 0:
+        raise typer.BadParameter("must be > 0", param_hint="--time-scale")
+
+    from gateway.sim.serve import serve
+    from gateway.sim.server import SimConfig
+
+    config = SimConfig(profile=chosen, model_name=model_name, time_scale=time_scale, seed=seed, admin=admin,
+                       eos_mean_tokens=eos_mean_tokens)
+    serve(config, host=host, port=port, log_level=log_level)

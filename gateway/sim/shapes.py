@@ -1,0 +1,138 @@
+"""The JSON that vLLM's OpenAI server sends, field for field, built cheaply.
+
+Streaming is the hot path (one SSE event per token per request), so a stream's constant part
+is serialised once and each token only splices a word into it. Words come from a fixed ASCII
+list, so no escaping is needed. Field order and presence follow vLLM's pydantic models as they
+are serialised (``exclude_unset`` for chunks, full dumps for whole responses).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+DONE = "data: [DONE]\n\n"
+
+
+def request_id(prefix: str) -> str:
+    return f"{prefix}-{os.urandom(16).hex()}"
+
+
+def error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict[str, Any]:
+    """vLLM's error shape (also OpenAI's): ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens}
+
+
+class StreamFormat:
+    """Pre-rendered pieces of one request's SSE stream (chat or text completion)."""
+
+    __slots__ = ("chat", "head", "prefix", "mid", "tail", "usage_head")
+
+    def __init__(self, *, chat: bool, model: str, created: int | None = None) -> None:
+        self.chat = chat
+        rid = request_id("chatcmpl" if chat else "cmpl")
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        created = int(time.time()) if created is None else created
+        self.head = (f'{{"id":"{rid}","object":"{obj}","created":{created},'
+                     f'"model":{json.dumps(model)},')
+        if chat:
+            self.prefix = 'data: ' + self.head + '"choices":[{"index":0,"delta":{"content":"'
+            self.mid = '"},"logprobs":null,"finish_reason":'
+            self.tail = "}]}"
+        else:
+            self.prefix = 'data: ' + self.head + '"choices":[{"index":0,"text":"'
+            self.mid = '","logprobs":null,"finish_reason":'
+            self.tail = ',"stop_reason":null}]}'
+        self.usage_head = 'data: ' + self.head + '"choices":[],"usage":'
+
+    def role_chunk(self) -> str:
+        """The first chat chunk: the assistant role and empty content, before any token."""
+        return ('data: ' + self.head +
+                '"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+                '"logprobs":null,"finish_reason":null}]}\n\n')
+
+    def token(self, text: str, finish_reason: str | None = None, usage_json: str | None = None) -> str:
+        """One token's event; the last one carries ``finish_reason`` (and vLLM's ``stop_reason``)."""
+        if finish_reason is None:
+            end = "null" + self.tail
+        elif self.chat:
+            end = f'"{finish_reason}","stop_reason":null}}]}}'
+        else:
+            end = f'"{finish_reason}"' + self.tail
+        if usage_json is not None:
+            end = end[:-1] + ',"usage":' + usage_json + "}"
+        return self.prefix + text + self.mid + end + "\n\n"
+
+    def finish_only(self, finish_reason: str) -> str:
+        """A closing event with no text (a request that ended without producing its last token)."""
+        return self.token("", finish_reason)
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> str:
+        return self.usage_head + json.dumps(usage(prompt_tokens, completion_tokens), separators=(",", ":")) + "}\n\n"
+
+
+def chat_response(model: str, text: str, finish_reason: str, prompt_tokens: int,
+                  completion_tokens: int) -> dict[str, Any]:
+    return {
+        "id": request_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "refusal": None, "annotations": None,
+                        "audio": None, "function_call": None, "tool_calls": [], "reasoning_content": None},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+        }],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage(prompt_tokens, completion_tokens) | {"prompt_tokens_details": None},
+        "prompt_logprobs": None,
+        "kv_transfer_params": None,
+    }
+
+
+def completion_response(model: str, text: str, finish_reason: str, prompt_tokens: int,
+                        completion_tokens: int) -> dict[str, Any]:
+    return {
+        "id": request_id("cmpl"),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                     "stop_reason": None, "prompt_logprobs": None}],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage(prompt_tokens, completion_tokens) | {"prompt_tokens_details": None},
+        "kv_transfer_params": None,
+    }
+
+
+def models_response(served_name: str, root: str, max_model_len: int, created: int) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [{
+            "id": served_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": root,
+            "parent": None,
+            "max_model_len": max_model_len,
+            "permission": [{
+                "id": request_id("modelperm"), "object": "model_permission", "created": created,
+                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                "organization": "*", "group": None, "is_blocking": False,
+            }],
+        }],
+    }

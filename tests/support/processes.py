@@ -1,0 +1,218 @@
+"""Start real processes for tests, wait until they are ready, and always clean them up.
+
+``start_process`` runs a command in its own process group, collects its output (stdout and
+stderr together) on a thread, and returns once the process is ready: a line of its output
+matched ``ready_pattern`` and/or ``ready_url`` answered 200. If the process dies or is not ready
+within ``timeout``, it is killed and the error carries its output, so a failing test says why.
+``stop()`` sends SIGTERM to the whole group (children included), then SIGKILL.
+
+Typical use, as a fixture::
+
+    @pytest.fixture
+    def sim():
+        with start_process(sweetspot("sim", "--port", "0"), ready_pattern=LISTENING) as proc:
+            yield proc.url            # the URL captured by the pattern's first group
+
+or with the ``processes`` factory fixture from :func:`process_factory`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+#: The line ``sweetspot sim`` (and other servers of ours) print once they accept connections.
+LISTENING = r"listening on (http://\S+)"
+
+
+class ProcessError(RuntimeError):
+    """The process exited or did not become ready; the message includes its output."""
+
+
+class RunningProcess:
+    """A started process: its ``url`` (from the ready pattern), its ``output()``, and ``stop()``."""
+
+    def __init__(self, cmd: Sequence[str], popen: subprocess.Popen[bytes]) -> None:
+        self.cmd = list(cmd)
+        self.popen = popen
+        self.match: re.Match[str] | None = None
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._new_line = threading.Condition(self._lock)
+        self._reader = threading.Thread(target=self._read, name=f"output of {Path(cmd[0]).name}", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def url(self) -> str:
+        """The first group of the ready pattern's match (e.g. the URL of ``LISTENING``)."""
+        if self.match is None or not self.match.groups():
+            raise AttributeError("no ready_pattern with a group matched for this process")
+        return self.match.group(1)
+
+    def output(self) -> str:
+        with self._lock:
+            return "".join(self._lines)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for raw in iter(self.popen.stdout.readline, b""):
+            with self._lock:
+                self._lines.append(raw.decode("utf-8", "replace"))
+                self._new_line.notify_all()
+        with self._lock:
+            self._new_line.notify_all()
+
+    def wait_for_line(self, pattern: str, timeout: float) -> re.Match[str]:
+        """Block until a line of output matches ``pattern`` (searched, not anchored)."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._lock:
+            while True:
+                for line in self._lines[seen:]:
+                    m = regex.search(line)
+                    if m:
+                        return m
+                seen = len(self._lines)
+                if self.popen.poll() is not None and not self._reader.is_alive():
+                    raise ProcessError(self._why(f"exited with code {self.popen.returncode} before printing "
+                                                 f"a line matching {pattern!r}"))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ProcessError(self._why(f"printed no line matching {pattern!r} within {timeout:.0f}s"))
+                self._new_line.wait(min(left, 0.2))
+
+    def wait_for_url(self, url: str, timeout: float) -> None:
+        """Block until ``url`` answers HTTP 200."""
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise ProcessError(self._why(f"exited with code {self.popen.returncode} before {url} answered"))
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+                    last = f"HTTP {resp.status}"
+            except (urllib.error.URLError, OSError) as exc:
+                last = str(exc)
+            time.sleep(0.1)
+        raise ProcessError(self._why(f"{url} did not answer 200 within {timeout:.0f}s (last: {last})"))
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM the process group, wait, then SIGKILL it. Returns the exit code."""
+        if self.popen.poll() is None:
+            _signal_group(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(timeout)
+        else:
+            _signal_group(self.popen.pid, signal.SIGKILL)  # children may outlive their parent
+        self._reader.join(timeout)
+        return self.popen.returncode
+
+    def _why(self, what: str) -> str:
+        tail = self.output()[-4000:]
+        return f"{' '.join(self.cmd)}: {what}\n--- output ---\n{tail}"
+
+    def __enter__(self) -> RunningProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # the child leads its own session, so its group id is its pid
+    except ProcessLookupError:
+        pass
+
+
+def start_process(
+    cmd: Sequence[str],
+    *,
+    ready_url: str | None = None,
+    ready_pattern: str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float = 60.0,
+) -> RunningProcess:
+    """Start ``cmd`` and return once it is ready (see the module docstring).
+
+    ``env`` is added to the current environment (not a replacement). ``ready_url`` may contain
+    ``{url}``, filled from the ready pattern's first group, e.g. ``ready_url="{url}/health"``.
+    """
+    full_env = dict(os.environ)
+    full_env["PYTHONUNBUFFERED"] = "1"
+    if env:
+        full_env.update(env)
+    popen = subprocess.Popen(
+        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env=full_env, cwd=cwd, start_new_session=True,
+    )
+    proc = RunningProcess(cmd, popen)
+    try:
+        deadline = time.monotonic() + timeout
+        if ready_pattern is not None:
+            proc.match = proc.wait_for_line(ready_pattern, timeout)
+        if ready_url is not None:
+            if "{url}" in ready_url:
+                ready_url = ready_url.format(url=proc.url)
+            proc.wait_for_url(ready_url, max(1.0, deadline - time.monotonic()))
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
+def sweetspot(*args: str) -> list[str]:
+    """The command line of the ``sweetspot`` CLI installed next to this interpreter."""
+    exe = Path(sys.executable).with_name("sweetspot")
+    if not exe.exists():
+        raise ProcessError(f"{exe} not found: install the package into this environment (make venv)")
+    return [str(exe), *args]
+
+
+@contextmanager
+def process_factory() -> Iterator[object]:
+    """A factory with the signature of :func:`start_process` that stops everything it started.
+
+    In a conftest::
+
+        @pytest.fixture
+        def processes():
+            with process_factory() as start:
+                yield start
+    """
+    started: list[RunningProcess] = []
+
+    def start(cmd: Sequence[str], **kwargs: object) -> RunningProcess:
+        proc = start_process(cmd, **kwargs)  # type: ignore[arg-type]
+        started.append(proc)
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in reversed(started):
+            proc.stop()
