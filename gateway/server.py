@@ -1,4 +1,4 @@
-"""Run the gateway app under uvicorn (uvloop + httptools), from settings."""
+"""Run the gateway from settings: build the app, serve it, announce the URL."""
 
 from __future__ import annotations
 
@@ -6,24 +6,19 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
 from gateway.settings import load_settings
+
+READY_PREFIX = "sweetspot gateway listening on "
 
 
 def run(config: Path | None = None, **flags: Any) -> None:
     from gateway.app import create_app
+    from gateway.serving import serve_app
 
     settings = load_settings(config, **flags)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        http="httptools",
-        log_level=settings.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=5,
+    serve_app(
+        app, name="sweetspot gateway", host=settings.host, port=settings.port, log_level=settings.log_level,
+        banner=lambda: f"upstreams: {', '.join(settings.upstreams)}",
     )

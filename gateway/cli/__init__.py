@@ -15,6 +15,12 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _root() -> None:
+    """Adaptive concurrency gateway for LLM inference servers."""
+    # A callback keeps typer in multi-command mode whatever modules are registered.
+
+
 def _register() -> None:
     """Import the sub-command modules; each one adds itself to ``app``."""
     import importlib

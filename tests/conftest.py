@@ -1,0 +1,19 @@
+"""Shared fixtures: a factory that starts real processes and stops them after the test."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.processes import process_factory
+
+
+@pytest.fixture
+def processes():
+    with process_factory() as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def module_processes():
+    with process_factory() as start:
+        yield start

@@ -1,0 +1,162 @@
+"""The admission queue and limiters: ordering, limits, timeouts, cancellation, Retry-After."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.admission import AdmissionQueue, Limiter, NoHealthyUpstream, QueueFull, QueueTimeout
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(limit: int = 1, max_queue: int = 10, names: tuple[str, ...] = ("a",)) -> AdmissionQueue:
+    return AdmissionQueue([Limiter(n, limit) for n in names], max_queue=max_queue, clock=FakeClock())
+
+
+async def test_admits_up_to_the_limit_then_queues_fifo() -> None:
+    queue = make(limit=2)
+    p1 = await queue.acquire(timeout_s=1)
+    p2 = await queue.acquire(timeout_s=1)
+    order: list[int] = []
+
+    async def wait(i: int) -> None:
+        permit = await queue.acquire(timeout_s=5)
+        order.append(i)
+        queue.release(permit)
+
+    tasks = [asyncio.create_task(wait(i)) for i in range(3)]
+    await asyncio.sleep(0)
+    assert queue.depth == 3 and queue.limiters["a"].inflight == 2
+    queue.release(p1)
+    queue.release(p2)
+    await asyncio.gather(*tasks)
+    assert order == [0, 1, 2]
+    assert queue.limiters["a"].inflight == 0 and queue.depth == 0
+
+
+async def test_higher_priority_goes_first_fifo_within_priority() -> None:
+    queue = make(limit=1)
+    held = await queue.acquire(timeout_s=1)
+    order: list[str] = []
+
+    async def wait(tag: str, priority: int) -> None:
+        permit = await queue.acquire(priority=priority, timeout_s=5)
+        order.append(tag)
+        queue.release(permit)
+
+    tasks = []
+    for tag, prio in [("low1", 0), ("high1", 5), ("low2", 0), ("high2", 5), ("mid", 1)]:
+        tasks.append(asyncio.create_task(wait(tag, prio)))
+        await asyncio.sleep(0)
+    queue.release(held)
+    await asyncio.gather(*tasks)
+    assert order == ["high1", "high2", "mid", "low1", "low2"]
+
+
+async def test_full_queue_raises_429_with_retry_after() -> None:
+    queue = make(limit=1, max_queue=1)
+    await queue.acquire(timeout_s=1)
+    waiter = asyncio.create_task(queue.acquire(timeout_s=5))
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFull) as info:
+        await queue.acquire(timeout_s=5)
+    assert info.value.status == 429 and 1 <= info.value.retry_after_s <= 60
+    waiter.cancel()
+
+
+async def test_timeout_leaves_the_queue_and_raises_503() -> None:
+    queue = make(limit=1)
+    await queue.acquire(timeout_s=1)
+    with pytest.raises(QueueTimeout) as info:
+        await queue.acquire(timeout_s=0.01)
+    assert info.value.status == 503
+    assert queue.depth == 0
+
+
+async def test_cancelled_waiter_never_gets_a_permit() -> None:
+    queue = make(limit=1)
+    held = await queue.acquire(timeout_s=1)
+    waiter = asyncio.create_task(queue.acquire(timeout_s=5))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+    assert queue.depth == 0
+    queue.release(held)
+    assert queue.limiters["a"].inflight == 0
+
+
+async def test_raising_the_limit_admits_waiters_on_dispatch() -> None:
+    queue = make(limit=1)
+    await queue.acquire(timeout_s=1)
+    waiters = [asyncio.create_task(queue.acquire(timeout_s=5)) for _ in range(2)]
+    await asyncio.sleep(0)
+    queue.limiters["a"].set_limit(3)
+    queue.dispatch()
+    permits = await asyncio.gather(*waiters)
+    assert len(permits) == 2 and queue.limiters["a"].inflight == 3
+
+
+async def test_lowering_the_limit_stops_new_admissions_only() -> None:
+    queue = make(limit=3)
+    permits = [await queue.acquire(timeout_s=1) for _ in range(3)]
+    queue.limiters["a"].set_limit(1)
+    waiter = asyncio.create_task(queue.acquire(timeout_s=5))
+    queue.release(permits[0])
+    queue.release(permits[1])
+    await asyncio.sleep(0)
+    assert not waiter.done()  # still 1 in flight == the new limit
+    queue.release(permits[2])
+    assert (await waiter).limiter.name == "a"
+
+
+async def test_dispatch_prefers_most_free_and_skips_unhealthy() -> None:
+    queue = AdmissionQueue([Limiter("a", 2), Limiter("b", 4)], max_queue=5, clock=FakeClock())
+    assert (await queue.acquire(timeout_s=1)).limiter.name == "b"
+    queue.limiters["b"].healthy = False
+    assert (await queue.acquire(timeout_s=1)).limiter.name == "a"
+    queue.limiters["a"].healthy = False
+    with pytest.raises(NoHealthyUpstream):
+        await queue.acquire(timeout_s=1)
+
+
+async def test_waiter_for_a_busy_upstream_does_not_block_others() -> None:
+    queue = AdmissionQueue([Limiter("a", 1), Limiter("b", 1)], max_queue=5, clock=FakeClock())
+    on_a = await queue.acquire(eligible=["a"], timeout_s=1)
+    on_b = await queue.acquire(eligible=["b"], timeout_s=1)
+    wants_a = asyncio.create_task(queue.acquire(eligible=["a"], timeout_s=5))
+    await asyncio.sleep(0)
+    wants_b = asyncio.create_task(queue.acquire(eligible=["b"], timeout_s=5))
+    await asyncio.sleep(0)
+    queue.release(on_b)
+    assert (await wants_b).limiter.name == "b"
+    assert not wants_a.done()
+    queue.release(on_a)
+    assert (await wants_a).limiter.name == "a"
+
+
+async def test_retry_after_follows_the_drain_rate() -> None:
+    clock = FakeClock()
+    queue = AdmissionQueue([Limiter("a", 1)], max_queue=100, clock=clock)
+    for _ in range(20):  # 20 releases over 10 s: 2 per second
+        queue.release(await queue.acquire(timeout_s=1))
+        clock.now += 0.5
+    assert queue.drain_rate() == pytest.approx(2.0, rel=0.1)
+    assert queue.retry_after(ahead=9) == 5  # (9 + 1) / 2 per second
+
+
+def test_peak_inflight_resets_to_current() -> None:
+    limiter = Limiter("a", 4)
+    for _ in range(3):
+        limiter.acquire()
+    limiter.release()
+    limiter.release()
+    assert limiter.take_peak() == 3
+    assert limiter.take_peak() == 1
