@@ -1,0 +1,131 @@
+"""Which HTTP client should the gateway use upstream? CPU per request and per streamed chunk, measured.
+
+    .venv/bin/python bench/upstream_client.py                    # against a llama-server it starts
+    .venv/bin/python bench/upstream_client.py --upstream URL     # or any OpenAI-compatible server
+
+Runs the same requests with aiohttp (one pooled session) and httpx (AsyncClient, pooled), in one
+process, interleaved, and reports the client process's CPU seconds per non-streamed request and per
+streamed chunk. CPU time, unlike latency, is what the gateway's clients compete for on a small box.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+console = Console()
+CONCURRENCY = 16
+
+
+def body(model: str, stream: bool, max_tokens: int) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": stream}
+
+
+async def with_aiohttp(url: str, model: str, requests: int, stream: bool, max_tokens: int) -> tuple[float, int]:
+    chunks = 0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def one() -> None:
+            nonlocal chunks
+            async with session.post(f"{url}/v1/chat/completions", json=body(model, stream, max_tokens)) as resp:
+                if stream:
+                    async for _ in resp.content.iter_any():
+                        chunks += 1
+                else:
+                    await resp.read()
+
+        return await _drive(one, requests), chunks
+
+
+async def with_httpx(url: str, model: str, requests: int, stream: bool, max_tokens: int) -> tuple[float, int]:
+    chunks = 0
+    limits = httpx.Limits(max_connections=CONCURRENCY * 2, max_keepalive_connections=CONCURRENCY * 2)
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+        async def one() -> None:
+            nonlocal chunks
+            if stream:
+                async with client.stream("POST", f"{url}/v1/chat/completions",
+                                         json=body(model, stream, max_tokens)) as resp:
+                    async for _ in resp.aiter_raw():
+                        chunks += 1
+            else:
+                (await client.post(f"{url}/v1/chat/completions", json=body(model, stream, max_tokens))).read()
+
+        return await _drive(one, requests), chunks
+
+
+async def _drive(one, requests: int) -> float:
+    await one()  # warm-up: connection set-up is not what we compare
+    remaining = requests
+    cpu0 = time.process_time()
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            await one()
+
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    return time.process_time() - cpu0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--upstream")
+    parser.add_argument("--requests", type=int, default=600)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    server = None
+    if args.upstream:
+        url = args.upstream.rstrip("/")
+    else:
+        from gateway.testing.llama_server import start_near_free_server
+
+        server, url = start_near_free_server(parallel=CONCURRENCY)
+    try:
+        model = asyncio.run(_model(url))
+        results: dict[str, dict[str, list[float]]] = {"aiohttp": {"plain": [], "stream": []},
+                                                      "httpx": {"plain": [], "stream": []}}
+        for _ in range(args.rounds):
+            for name, fn in (("aiohttp", with_aiohttp), ("httpx", with_httpx)):
+                cpu, _ = asyncio.run(fn(url, model, args.requests, False, 1))
+                results[name]["plain"].append(cpu / args.requests * 1e3)
+                cpu, _ = asyncio.run(fn(url, model, args.requests // 4, True, 32))
+                results[name]["stream"].append(cpu / (args.requests // 4) * 1e3)
+    finally:
+        if server is not None:
+            server.stop()
+    table = Table(title=f"upstream client CPU (median of {args.rounds} rounds, concurrency {CONCURRENCY})")
+    for column in ("client", "ms CPU / non-streamed request", "ms CPU / streamed request (32 tokens)"):
+        table.add_column(column)
+    summary = {}
+    for name, values in results.items():
+        plain, stream = statistics.median(values["plain"]), statistics.median(values["stream"])
+        summary[name] = {"ms_per_request": round(plain, 3), "ms_per_streamed_request": round(stream, 3)}
+        table.add_row(name, f"{plain:.3f}", f"{stream:.3f}")
+    console.print(table)
+    if args.json:
+        args.json.write_text(json.dumps({"upstream": url, "model": model, **summary}, indent=2) + "\n")
+
+
+async def _model(url: str) -> str:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{url}/v1/models") as resp:
+            return (await resp.json())["data"][0]["id"]
+
+
+if __name__ == "__main__":
+    main()
