@@ -376,3 +376,16 @@ def test_client_api_keys(processes, sim) -> None:
     assert reply.choices[0].message.content
     with pytest.raises(openai.AuthenticationError):
         client(gw, api_key="nope").models.list()
+
+
+def test_unknown_fields_pass_through_untouched(sim, gateway) -> None:
+    """vLLM's stream_options.continuous_usage_stats reaches the backend: every chunk then carries usage."""
+    model = model_of(sim)
+    chunks = list(client(gateway).chat.completions.create(
+        model=model, messages=CHAT, max_tokens=6, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+        extra_body={"ignore_eos": True, "top_k": 5, "chat_template_kwargs": {"enable_thinking": False}}))
+    with_text = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(with_text) == 6
+    assert all(c.usage is not None for c in with_text)
+    assert [c.usage.completion_tokens for c in with_text] == [1, 2, 3, 4, 5, 6]
