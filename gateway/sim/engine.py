@@ -279,6 +279,12 @@ class Engine:
             need = self._state_blocks + -(-(seq.computed + n) // bs) - seq.blocks
             while need > self.total_blocks - self.used_blocks:
                 victim = running.pop()
+                if victim is seq and not running:
+                    # alone and still short of blocks: it can never finish in this pool (only
+                    # possible after kv_fraction shrank it); fail it rather than thrash forever
+                    self._finish(seq, FINISH_ERROR, start)
+                    res.finished.append(seq.id)
+                    break
                 self._preempt(victim, res)
                 if victim is seq:
                     break

@@ -239,6 +239,16 @@ def test_a_sequence_that_can_never_fit_fails_instead_of_hanging() -> None:
     assert e.seq(sid).finish_reason == FINISH_ERROR and not e.has_work
 
 
+def test_a_lone_sequence_outgrowing_a_shrunken_pool_fails_instead_of_thrashing() -> None:
+    e = Engine(LLAMA31_8B_24GB)
+    sid = e.submit(100, 3000, now=0.0)  # grows to 194 blocks
+    e.set_scenario(kv_fraction=0.05)  # 123 blocks
+    steps = run_to_idle(e)
+    s = e.seq(sid)
+    assert s.finish_reason == FINISH_ERROR and 0 < s.generated < 3000
+    assert steps[-1].finished == [sid] and e.used_blocks == 0 and e.num_preemptions == 0
+
+
 def test_advance_runs_steps_back_to_back_until_a_time() -> None:
     e = Engine(QWEN36_35B_A3B_32GB)
     e.submit(100, 1000, now=0.0)
