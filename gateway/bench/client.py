@@ -4,11 +4,17 @@ aiohttp rather than httpx: at ~1,300 SSE chunks/s on a 2-core box the load gener
 from being the bottleneck, and aiohttp's C-accelerated reader costs several times less CPU per chunk.
 
 Timing (all ``time.perf_counter()``): the clock starts just before the POST; every SSE data message
-that carries a non-empty ``choices`` list is a *chunk* and gets an arrival timestamp; TTFT is the first
-chunk; E2E latency ends at the last data message before ``[DONE]`` (the usage message included, as in
-vLLM's chat client). Output tokens come from the ``usage`` the server reports when asked with
-``stream_options.include_usage``; only when it is missing do we fall back to counting content chunks
-and say so on the record (``usage_reported=False``).
+whose first choice carries generated text (``delta.content``, ``delta.reasoning_content`` /
+``reasoning``, ``delta.tool_calls``, or ``text`` for completions) is a *chunk* and gets an arrival
+timestamp; TTFT is the first chunk; ITL the gaps between chunks; E2E latency ends at the last data
+message before ``[DONE]`` (the usage message included, as in vLLM's chat client). One deliberate
+difference from ``vllm bench serve``: it starts TTFT's clock at any message with ``choices``, so a
+server that sends the ``{"role": "assistant", "content": ""}`` chunk *before* prefill would report a
+TTFT of nearly zero; here that chunk, carrying no token, is not a chunk.
+
+Output tokens come from the ``usage`` the server reports when asked with
+``stream_options.include_usage``; only when it is missing do we fall back to counting chunks and
+say so on the record (``usage_reported=False``).
 """
 
 from __future__ import annotations
@@ -70,8 +76,7 @@ class RequestRecord:
     error: str | None = None
     error_kind: str | None = None  # "http", "connect", "timeout", "stream"
     retry_after: float | None = None
-    chunk_times: list[float] = field(default_factory=list)
-    content_chunks: int = 0
+    chunk_times: list[float] = field(default_factory=list)  # arrivals of token-carrying chunks
     end: float | None = None
     output_tokens: int = 0
     prompt_tokens: int | None = None
@@ -154,6 +159,19 @@ def _error_message(body: bytes) -> str:
         return body[:200].decode(errors="replace")
 
 
+_DELTA_TOKEN_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
+
+
+def _carries_token(choice: Any, chat: bool) -> bool:
+    """Whether a streamed choice holds generated output (not just the role or a finish reason)."""
+    if not isinstance(choice, dict):
+        return False
+    if not chat:
+        return bool(choice.get("text"))
+    delta = choice.get("delta") or {}
+    return any(delta.get(name) for name in _DELTA_TOKEN_FIELDS)
+
+
 class StreamClient:
     """Sends streamed requests over one pooled aiohttp session. Use as an async context manager."""
 
@@ -216,7 +234,7 @@ class StreamClient:
             record.error, record.error_kind = "stream ended without a single chunk", "stream"
         record.ok = record.error is None
         if not record.usage_reported:
-            record.output_tokens = record.content_chunks
+            record.output_tokens = len(record.chunk_times)
         if record.end is None:
             record.end = time.perf_counter()
         return record
@@ -259,12 +277,8 @@ class StreamClient:
             return
         record.end = now
         choices = message.get("choices")
-        if choices:
+        if choices and _carries_token(choices[0], chat):
             record.chunk_times.append(now)
-            choice = choices[0]
-            text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-            if text:
-                record.content_chunks += 1
             if on_chunk is not None:
                 on_chunk()
         usage = message.get("usage")

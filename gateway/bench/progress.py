@@ -43,18 +43,18 @@ class PlainProgress:
     def __call__(self, event: SweepEvent) -> None:
         prefix = f"[{event.level_index + 1}/{event.levels_total}] concurrency {event.concurrency}"
         if event.kind == "start":
-            self.console.print(event.message, highlight=False)
+            self.console.print(event.message, highlight=False, soft_wrap=True)
         elif event.kind == "level_start":
             self._phase = None
-            self.console.print(f"{prefix}: warming up", highlight=False)
+            self.console.print(f"{prefix}: warming up", highlight=False, soft_wrap=True)
         elif event.kind == "progress" and event.phase != self._phase:
             self._phase = event.phase
             if event.phase == "measure":
-                self.console.print(f"{prefix}: measuring", highlight=False)
+                self.console.print(f"{prefix}: measuring", highlight=False, soft_wrap=True)
         elif event.kind == "level_end" and event.level is not None:
-            self.console.print(f"{prefix}: {level_line(event.level)}", highlight=False)
+            self.console.print(f"{prefix}: {level_line(event.level)}", highlight=False, soft_wrap=True)
         elif event.kind == "stop":
-            self.console.print(event.message, highlight=False)
+            self.console.print(event.message, highlight=False, soft_wrap=True)
 
 
 class RichProgress:
@@ -78,7 +78,7 @@ class RichProgress:
         if event.kind == "start":
             self._levels = bar.add_task("levels", total=event.levels_total)
             self._level = bar.add_task("", total=1)
-            bar.console.print(event.message, highlight=False)
+            bar.console.print(event.message, highlight=False, soft_wrap=True)
         elif event.kind == "progress" and self._level is not None:
             label = {"warmup": "warm-up", "measure": "measure", "drain": "drain"}.get(event.phase, event.phase)
             description = f"concurrency {event.concurrency}: {label}"
@@ -89,7 +89,7 @@ class RichProgress:
                            total=max(1, int(event.total)))
         elif event.kind == "level_end" and event.level is not None and self._levels is not None:
             bar.advance(self._levels)
-            bar.console.print(f"concurrency {event.concurrency:>4}: {level_line(event.level)}", highlight=False)
+            bar.console.print(f"concurrency {event.concurrency:>4}: {level_line(event.level)}", highlight=False, soft_wrap=True)
         elif event.kind == "stop":
             bar.console.print(f"[yellow]{event.message}[/yellow]")
         elif event.kind == "done" and self._levels is not None:

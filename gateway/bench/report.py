@@ -123,6 +123,9 @@ def plot(result: SweepResult, path: str | Path) -> Path:
     top.axhline(result.peak_tokens_per_s, color="tab:blue", ls=":", lw=1, label=f"peak {result.peak_tokens_per_s:.0f}")
     top.axhline(result.settings.fraction * result.peak_tokens_per_s, color="tab:gray", ls=":", lw=1,
                 label=f"{result.settings.fraction:.0%} of peak")
+    missed = [(lv.concurrency, lv.output_tokens_per_s) for lv in levels if not lv.slo_met]
+    if missed:
+        top.plot(*zip(*missed), "x", color="tab:red", ms=10, mew=2, label="SLO missed")
     top.set_ylabel("output tokens/s")
     top.set_title(f"{result.server.model} @ {result.server.url}")
     for name, color, key in (("p99 TTFT", "tab:orange", "ttft_ms"), ("p99 TPOT", "tab:purple", "tpot_ms")):

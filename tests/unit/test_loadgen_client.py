@@ -33,6 +33,9 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     per_chunk = 2 if mode == "pairs" else 1
     chat = "messages" in body
     await response.write(b": keep-alive\n\n")
+    if chat:  # some servers send the role before any token: it must not start TTFT's clock
+        await response.write(b'data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}\n\n')
+        await asyncio.sleep(5 * STEP_S)
     for i in range(0, n, per_chunk):
         await asyncio.sleep(STEP_S)
         if mode == "fail" and i >= 2:
@@ -82,7 +85,8 @@ async def test_usage_is_the_token_count(server: str) -> None:
     assert record.ok and record.status == 200 and record.usage_reported
     assert record.output_tokens == 6 and record.prompt_tokens == 7
     assert len(record.chunk_times) == 6 and len(record.itl) == 5
-    assert record.ttft is not None and record.latency is not None and record.latency >= record.ttft
+    assert record.ttft is not None and record.ttft >= 6 * STEP_S  # the early role chunk is not the first token
+    assert record.latency is not None and record.latency >= record.ttft
     assert record.tpot == pytest.approx((record.end - record.chunk_times[0]) / 5)
 
 
@@ -164,3 +168,14 @@ async def test_poisson_load_respects_its_cap(server: str) -> None:
             await _until(lambda: len(records) >= 12)
             assert load.stats().in_flight <= 3
     assert all(r.ok for r in records)
+
+
+def test_what_counts_as_a_token_chunk() -> None:
+    from gateway.bench.client import _carries_token
+
+    assert _carries_token({"delta": {"content": "a"}}, chat=True)
+    assert _carries_token({"delta": {"reasoning_content": "hm"}}, chat=True)  # reasoning models
+    assert _carries_token({"delta": {"tool_calls": [{"index": 0}]}}, chat=True)
+    assert not _carries_token({"delta": {"role": "assistant", "content": ""}}, chat=True)
+    assert not _carries_token({"delta": {}, "finish_reason": "stop"}, chat=True)
+    assert _carries_token({"text": " x"}, chat=False) and not _carries_token({"text": ""}, chat=False)

@@ -14,7 +14,7 @@ def rec(start: float, chunks: list[float], *, tokens: int | None = None, end: fl
     """A finished request; ``tokens`` None means the server sent no usage (count content chunks)."""
     return RequestRecord(
         index=0, prompt_len=10, max_tokens=len(chunks), start=start, status=status, ok=ok, error=error,
-        error_kind=None if ok else "http", chunk_times=list(chunks), content_chunks=len(chunks),
+        error_kind=None if ok else "http", chunk_times=list(chunks),
         end=end if end is not None else (chunks[-1] if chunks else start),
         output_tokens=tokens if tokens is not None else len(chunks), prompt_tokens=12 if tokens is not None else None,
         usage_reported=tokens is not None,
