@@ -22,6 +22,7 @@ def sim(
         None, help="Requests without ignore_eos stop at a random length with this mean (default: run to max_tokens)."),
     list_profiles: bool = typer.Option(False, "--list-profiles", help="Print the profiles and exit."),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
+    api_key: str | None = typer.Option(None, help="Require this bearer key on /v1/* (like vLLM's --api-key)."),
 ) -> None:
     """Serve an OpenAI-compatible, vLLM-shaped simulator whose throughput curve has a knee and a cliff."""
     import dataclasses
@@ -48,5 +49,5 @@ def sim(
     from gateway.sim.server import SimConfig
 
     config = SimConfig(profile=chosen, model_name=model_name, time_scale=time_scale, seed=seed, admin=admin,
-                       eos_mean_tokens=eos_mean_tokens)
+                       eos_mean_tokens=eos_mean_tokens, api_key=api_key)
     serve(config, host=host, port=port, log_level=log_level)

@@ -40,6 +40,7 @@ class SimConfig:
     seed: int = 0
     admin: bool = False
     eos_mean_tokens: float | None = None
+    api_key: str | None = None  # like vLLM's --api-key: /v1/* routes then need ``Bearer <key>``
 
     @property
     def served_model(self) -> str:
@@ -68,6 +69,8 @@ def create_app(config: SimConfig) -> FastAPI:
     app = FastAPI(title="sweetspot simulator", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.engine = engine
+    if config.api_key:
+        app.add_middleware(_RequireApiKey, key=config.api_key)
 
     def runner() -> EngineRunner:
         return state["runner"]
@@ -89,12 +92,13 @@ def create_app(config: SimConfig) -> FastAPI:
             handle = runner().submit(req.prompt_tokens, req.max_tokens, ignore_eos=req.ignore_eos)
         except InjectedError as exc:
             return JSONResponse(shapes.error_body(str(exc), "InternalServerError", 500), 500)
+        base_id = request.headers.get("x-request-id")
         if req.stream:
-            return StreamingResponse(_stream(handle, req), media_type="text/event-stream")
-        return await _whole(request, handle, req)
+            return StreamingResponse(_stream(handle, req, base_id), media_type="text/event-stream")
+        return await _whole(request, handle, req, base_id)
 
-    async def _stream(handle: Handle, req: GenerationRequest) -> AsyncIterator[str]:
-        fmt = shapes.StreamFormat(chat=req.chat, model=served)
+    async def _stream(handle: Handle, req: GenerationRequest, base_id: str | None) -> AsyncIterator[str]:
+        fmt = shapes.StreamFormat(chat=req.chat, model=served, base_id=base_id)
         sent = 0
         try:
             if req.chat:
@@ -126,7 +130,7 @@ def create_app(config: SimConfig) -> FastAPI:
             if not handle.done:
                 runner().abort(handle)
 
-    async def _whole(request: Request, handle: Handle, req: GenerationRequest) -> Response:
+    async def _whole(request: Request, handle: Handle, req: GenerationRequest, base_id: str | None) -> Response:
         finished = asyncio.ensure_future(handle.wait_done())
         gone = asyncio.ensure_future(_disconnected(request))
         try:
@@ -143,7 +147,7 @@ def create_app(config: SimConfig) -> FastAPI:
                                                   "InternalServerError", 500), 500)
         body_text = text.generated_text(req.seed, handle.ready)
         build = shapes.chat_response if req.chat else shapes.completion_response
-        return JSONResponse(build(served, body_text, handle.finish_reason, req.prompt_tokens, handle.ready))
+        return JSONResponse(build(served, body_text, handle.finish_reason, req.prompt_tokens, handle.ready, base_id))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -186,6 +190,22 @@ def create_app(config: SimConfig) -> FastAPI:
     if config.admin:
         _add_admin_routes(app, engine, runner)
     return app
+
+
+class _RequireApiKey:
+    """vLLM's ``--api-key``: every ``/v1/*`` request must carry ``Authorization: Bearer <key>``."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            auth = dict(scope["headers"]).get(b"authorization", b"")
+            if auth != self.expected:
+                await JSONResponse({"error": "Unauthorized"}, 401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _add_admin_routes(app: FastAPI, engine: Engine, runner: Any) -> None:

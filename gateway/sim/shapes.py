@@ -16,8 +16,9 @@ from typing import Any
 DONE = "data: [DONE]\n\n"
 
 
-def request_id(prefix: str) -> str:
-    return f"{prefix}-{os.urandom(16).hex()}"
+def request_id(prefix: str, base: str | None = None) -> str:
+    """vLLM's ids: ``<prefix>-<X-Request-Id of the request>``, or random hex when it sent none."""
+    return f"{prefix}-{base or os.urandom(16).hex()}"
 
 
 def error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict[str, Any]:
@@ -35,9 +36,9 @@ class StreamFormat:
 
     __slots__ = ("chat", "head", "prefix", "mid", "tail", "usage_head")
 
-    def __init__(self, *, chat: bool, model: str, created: int | None = None) -> None:
+    def __init__(self, *, chat: bool, model: str, created: int | None = None, base_id: str | None = None) -> None:
         self.chat = chat
-        rid = request_id("chatcmpl" if chat else "cmpl")
+        rid = request_id("chatcmpl" if chat else "cmpl", base_id)
         obj = "chat.completion.chunk" if chat else "text_completion"
         created = int(time.time()) if created is None else created
         self.head = (f'{{"id":"{rid}","object":"{obj}","created":{created},'
@@ -79,9 +80,9 @@ class StreamFormat:
 
 
 def chat_response(model: str, text: str, finish_reason: str, prompt_tokens: int,
-                  completion_tokens: int) -> dict[str, Any]:
+                  completion_tokens: int, base_id: str | None = None) -> dict[str, Any]:
     return {
-        "id": request_id("chatcmpl"),
+        "id": request_id("chatcmpl", base_id),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
@@ -102,9 +103,9 @@ def chat_response(model: str, text: str, finish_reason: str, prompt_tokens: int,
 
 
 def completion_response(model: str, text: str, finish_reason: str, prompt_tokens: int,
-                        completion_tokens: int) -> dict[str, Any]:
+                        completion_tokens: int, base_id: str | None = None) -> dict[str, Any]:
     return {
-        "id": request_id("cmpl"),
+        "id": request_id("cmpl", base_id),
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,

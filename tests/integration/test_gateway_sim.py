@@ -116,8 +116,9 @@ def test_embeddings_pass_through(sim, gateway) -> None:
 
 def test_request_id_is_echoed_and_generated(gateway, sim) -> None:
     body = json.dumps({"model": model_of(sim), "messages": CHAT, "max_tokens": 2}).encode()
-    status, headers, _ = raw_post(f"{gateway}/v1/chat/completions", body, {"x-request-id": "req-42"})
+    status, headers, payload = raw_post(f"{gateway}/v1/chat/completions", body, {"x-request-id": "req-42"})
     assert status == 200 and headers.get("x-request-id") == "req-42"
+    assert payload["id"] == "chatcmpl-req-42"  # the backend (vLLM's convention) saw the same id
     status, headers, _ = raw_post(f"{gateway}/v1/chat/completions", body)
     assert status == 200 and len(headers.get("x-request-id", "")) >= 16
 
@@ -389,3 +390,15 @@ def test_unknown_fields_pass_through_untouched(sim, gateway) -> None:
     assert len(with_text) == 6
     assert all(c.usage is not None for c in with_text)
     assert [c.usage.completion_tokens for c in with_text] == [1, 2, 3, 4, 5, 6]
+
+
+def test_upstream_key_replaces_the_clients(processes) -> None:
+    """The backend requires a key (vLLM --api-key); clients use the gateway's own keys instead."""
+    sim = start_sim(processes, "--api-key", "backend-secret", time_scale=10.0).url
+    gw = start_gateway(processes, [sim], "--no-control",
+                       env={"SWEETSPOT_UPSTREAM_API_KEY": "backend-secret", "SWEETSPOT_API_KEYS": "client-key"}).url
+    with pytest.raises(openai.AuthenticationError):
+        client(sim, api_key="client-key").models.list()  # the client's key is no good at the backend
+    model = client(gw, api_key="client-key").models.list().data[0].id  # polled with the upstream key
+    reply = client(gw, api_key="client-key").chat.completions.create(model=model, messages=CHAT, max_tokens=2)
+    assert reply.choices[0].message.content
