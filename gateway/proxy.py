@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -192,7 +192,11 @@ class SSEFilter:
 
 class ProxyStreamResponse(Response):
     """Streams an upstream SSE reply to the client as it arrives and always cleans up once: closes the
-    upstream request (which aborts generation there), releases the permit, records the sample."""
+    upstream request (which aborts generation there), releases the permit, records the sample.
+
+    A client hang-up arrives as a cancellation of this task; ``absorb_cancel`` tells it apart from a
+    server shutdown (and undoes it, so the clean-up runs and the request ends quietly).
+    """
 
     def __init__(
         self,
@@ -200,37 +204,27 @@ class ProxyStreamResponse(Response):
         sse: SSEFilter,
         *,
         headers: dict[str, str],
-        disconnected: asyncio.Task,
-        on_done: Callable[[Outcome], Awaitable[None] | None],
+        absorb_cancel: Callable[[], bool],
+        on_done: Callable[[Outcome], None],
     ) -> None:
         super().__init__(status_code=reply.status, headers=headers, media_type="text/event-stream")
         # Response adds content-length: 0 for its empty body; a stream has no length.
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self._reply = reply
         self._sse = sse
-        self._disconnected = disconnected
+        self._absorb_cancel = absorb_cancel
         self._on_done = on_done
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = Outcome.OK
-        pump = asyncio.ensure_future(self._pump(send))
+        outcome = Outcome.CLIENT_CANCELLED
         try:
-            done, _ = await asyncio.wait({pump, self._disconnected}, return_when=asyncio.FIRST_COMPLETED)
-            if pump in done:
-                outcome = pump.result()
-            else:
-                outcome = Outcome.CLIENT_CANCELLED
-                pump.cancel()
-                await asyncio.gather(pump, return_exceptions=True)
+            outcome = await self._pump(send)
         except asyncio.CancelledError:
-            outcome = Outcome.CLIENT_CANCELLED
-            pump.cancel()
-            raise
+            if not self._absorb_cancel():
+                raise
         finally:
             self._reply.close()
-            result = self._on_done(outcome)
-            if asyncio.iscoroutine(result):
-                await result
+            self._on_done(outcome)
 
     async def _pump(self, send: Send) -> Outcome:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})

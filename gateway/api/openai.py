@@ -82,12 +82,55 @@ def check_auth(gateway: Gateway, request: Request) -> Response | None:
     return error_response(401, "invalid or missing API key", code="invalid_api_key", reason="unauthorized")
 
 
-async def _wait_disconnect(request: Request) -> None:
-    """Completes when the client hangs up (the body was read already, so the next message is that)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+class ClientGone(Exception):
+    """The client hung up while its request was queued or running."""
+
+
+class DisconnectWatch:
+    """Cancels the request's task when its client hangs up, so every await on the request path
+    (queue, upstream, stream) stops at once without racing each one against a watcher of its own.
+
+    :meth:`guard` turns that cancellation into :class:`ClientGone`; a cancellation from anywhere else
+    (server shutdown) propagates unchanged.
+    """
+
+    def __init__(self, request: Request) -> None:
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.ensure_future(self._watch(request))
+        self._watcher.add_done_callback(self._on_gone)
+
+    @staticmethod
+    async def _watch(request: Request) -> None:
+        # The body was read already, so the next ASGI message is the disconnect.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    def _on_gone(self, watcher: asyncio.Future) -> None:
+        if not watcher.cancelled() and self._task is not None:
+            self._task.cancel()
+
+    @property
+    def gone(self) -> bool:
+        return self._watcher.done() and not self._watcher.cancelled()
+
+    def absorb(self) -> bool:
+        """In an ``except CancelledError``: True (and the cancellation undone) if the client left."""
+        if self.gone and self._task is not None:
+            self._task.uncancel()
+            return True
+        return False
+
+    async def guard(self, awaitable):  # type: ignore[no-untyped-def]
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            if self.absorb():
+                raise ClientGone from None
+            raise
+
+    def stop(self) -> None:
+        self._watcher.remove_done_callback(self._on_gone)
+        self._watcher.cancel()
 
 
 class _Forward:
@@ -152,20 +195,20 @@ class _Forward:
                 # Ask for usage so token counts are always known; the usage chunk is dropped on the way back.
                 data["stream_options"] = {**options, "include_usage": True}
                 body = json.dumps(data).encode()
-        disconnected = asyncio.ensure_future(_wait_disconnect(self.request))
+        watch = DisconnectWatch(self.request)
         handed_off = False
         try:
-            permit = await self._admit(eligible, priority, disconnected)
-            if permit is None:
-                return self._answer(Response(status_code=499))
-            response = await self._send(permit, eligible, body, stream, forward_usage, disconnected)
+            permit = await self._admit(eligible, priority, watch)
+            response = await self._send(permit, eligible, body, stream, forward_usage, watch)
             handed_off = isinstance(response, ProxyStreamResponse)
             return self._answer(response)
         except AdmissionError as exc:
             return self._refuse(exc.status, str(exc), exc.reason, retry_after_s=exc.retry_after_s)
+        except ClientGone:
+            return self._answer(Response(status_code=499))  # nobody reads it; counted for the metrics
         finally:
             if not handed_off:
-                disconnected.cancel()
+                watch.stop()
 
     def _priority(self) -> int:
         raw = self.request.headers.get(self.gateway.settings.priority_header)
@@ -177,28 +220,23 @@ class _Forward:
             raise BadRequest(f"header {self.gateway.settings.priority_header} must be an integer",
                              param=self.gateway.settings.priority_header) from None
 
-    async def _admit(self, eligible: list[str], priority: int, disconnected: asyncio.Future) -> Permit | None:
-        """Wait for a permit unless the client leaves first (then None: it never reaches an upstream)."""
+    async def _admit(self, eligible: list[str], priority: int, watch: DisconnectWatch) -> Permit:
+        """Wait for a permit; a client that leaves first raises ClientGone and never reaches an upstream."""
         gateway = self.gateway
         waited_from = gateway.clock()
-        acquire = asyncio.ensure_future(
-            gateway.queue.acquire(priority=priority, eligible=eligible, timeout_s=gateway.settings.queue_timeout_s)
-        )
-        if not acquire.done():
-            await asyncio.wait({acquire, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-        if not acquire.done():
-            acquire.cancel()
-            await asyncio.gather(acquire, return_exceptions=True)
+        try:
+            permit = await watch.guard(gateway.queue.acquire(
+                priority=priority, eligible=eligible, timeout_s=gateway.settings.queue_timeout_s))
+        except ClientGone:
             gateway.metrics.rejections.labels("client_disconnected").inc()
-            return None
-        permit = acquire.result()
+            raise
         queue_wait = permit.admitted - waited_from
         gateway.metrics.queue_wait.observe(queue_wait)
         self.tracker.admit(gateway.pool.by_name[permit.limiter.name], permit.admitted, queue_wait)
         return permit
 
     async def _send(self, permit: Permit, eligible: list[str], body: bytes, stream: bool, forward_usage: bool,
-                    disconnected: asyncio.Future) -> Response:
+                    watch: DisconnectWatch) -> Response:
         """Forward with one failover to another upstream for failures before any byte; owns ``permit``
         until a streaming response takes it over."""
         gateway = self.gateway
@@ -213,14 +251,11 @@ class _Forward:
                     max(gateway.clock() - self.tracker.arrived - self.tracker.queue_wait, 0.0))
             tried.add(upstream.name)
             self.tracker.switch(upstream)
-            send = asyncio.ensure_future(gateway.client.send(upstream.url, self.route.path, body, headers))
-            await asyncio.wait({send, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-            if not send.done():
-                send.cancel()
-                await asyncio.gather(send, return_exceptions=True)
-                return self._finish(permit, Outcome.CLIENT_CANCELLED, Response(status_code=499))
             try:
-                reply = send.result()
+                reply = await watch.guard(gateway.client.send(upstream.url, self.route.path, body, headers))
+            except ClientGone:
+                self._release(permit, Outcome.CLIENT_CANCELLED)
+                raise
             except UpstreamUnavailable as exc:
                 if exc.connect_failed:
                     upstream.limiter.healthy = False  # the health poll brings it back
@@ -237,8 +272,8 @@ class _Forward:
                 return self._finish(permit, Outcome.TIMED_OUT,
                                     error_response(504, "the upstream did not answer in time", code="upstream_timeout"))
             if stream and reply.status == 200:
-                return self._stream(permit, reply, forward_usage, disconnected)
-            return await self._buffered(permit, reply, disconnected)
+                return self._stream(permit, reply, forward_usage, watch)
+            return await self._buffered(permit, reply, watch)
 
     def _upstream_failure(self, exc: UpstreamUnavailable) -> Response:
         if exc.status is not None and exc.body:
@@ -251,27 +286,23 @@ class _Forward:
         status = 503 if exc.status == 503 else 502
         return error_response(status, f"upstream failure: {exc}", code="upstream_unavailable")
 
-    def _stream(self, permit: Permit, reply: UpstreamReply, forward_usage: bool,
-                disconnected: asyncio.Future) -> Response:
+    def _stream(self, permit: Permit, reply: UpstreamReply, forward_usage: bool, watch: DisconnectWatch) -> Response:
         sse = SSEFilter(self.tracker, self.gateway.clock, forward_usage=forward_usage)
         headers = {"cache-control": "no-cache", "x-accel-buffering": "no", "x-request-id": self.request_id}
 
         def done(outcome: Outcome) -> None:
-            disconnected.cancel()
+            watch.stop()
             self._release(permit, outcome)
 
-        return ProxyStreamResponse(reply, sse, headers=headers, disconnected=disconnected, on_done=done)
+        return ProxyStreamResponse(reply, sse, headers=headers, absorb_cancel=watch.absorb, on_done=done)
 
-    async def _buffered(self, permit: Permit, reply: UpstreamReply, disconnected: asyncio.Future) -> Response:
-        read = asyncio.ensure_future(reply.response.read())
-        await asyncio.wait({read, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-        if not read.done():
-            read.cancel()
-            await asyncio.gather(read, return_exceptions=True)
-            reply.close()
-            return self._finish(permit, Outcome.CLIENT_CANCELLED, Response(status_code=499))
+    async def _buffered(self, permit: Permit, reply: UpstreamReply, watch: DisconnectWatch) -> Response:
         try:
-            payload = read.result()
+            payload = await watch.guard(reply.response.read())
+        except ClientGone:
+            reply.close()
+            self._release(permit, Outcome.CLIENT_CANCELLED)
+            raise
         except asyncio.TimeoutError:
             reply.close()
             return self._finish(permit, Outcome.TIMED_OUT,
