@@ -1,0 +1,82 @@
+"""The demo's picture: limit, in-flight, queued and tokens/s over time, phases marked (matplotlib Agg).
+
+Top: the concurrency limit against what the clients offered (clients), what the backend ran
+(in-flight) and what waited in the gateway (queued), with each phase's reference sweet spot drawn as a
+band of the tolerance around it (solid where the phase is judged, faint where it is not). Bottom: the
+tokens per second the clients received. Vertical lines are the phase boundaries, named at the top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway.demo.script import TOLERANCE, Phase
+from gateway.demo.summary import PhaseSummary
+from gateway.demo.timeline import Sample
+
+
+def _series(samples: Sequence[Sample], name: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for s in samples:
+        value = getattr(s, name)
+        if value is not None:
+            xs.append(s.t)
+            ys.append(float(value))
+    return xs, ys
+
+
+def plot_timeline(samples: Sequence[Sample], phases: Sequence[Phase], summaries: Sequence[PhaseSummary],
+                  path: str | Path, *, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    for name, label, style in (
+        ("clients", "clients", {"color": "0.6", "linestyle": ":", "drawstyle": "steps-post"}),
+        ("queued", "queued (gateway)", {"color": "tab:orange"}),
+        ("inflight", "in-flight (backend)", {"color": "tab:blue", "alpha": 0.8}),
+        ("limit", "limit", {"color": "black", "linewidth": 2, "drawstyle": "steps-post"}),
+    ):
+        xs, ys = _series(samples, name)
+        if xs:
+            top.plot(xs, ys, label=label, **style)
+    for summary in summaries:
+        if summary.reference is None:
+            continue
+        ref = summary.reference
+        alpha = 0.25 if summary.judged else 0.08
+        top.fill_between([summary.start_s, summary.end_s], ref * (1 - TOLERANCE), ref * (1 + TOLERANCE),
+                         color="tab:green", alpha=alpha, linewidth=0)
+        top.hlines(ref, summary.start_s, summary.end_s, colors="tab:green", linestyles="--", linewidth=1)
+    top.plot([], [], color="tab:green", linestyle="--", label=f"sweet spot +-{TOLERANCE:.0%} (judged: darker)")
+    top.set_ylabel("requests")
+    top.set_ylim(bottom=0)
+    top.legend(loc="upper right", fontsize=8)
+    top.grid(alpha=0.3)
+
+    xs, ys = _series(samples, "tokens_per_s")
+    bottom.plot(xs, ys, color="tab:purple", label="tokens/s (clients)")
+    bottom.set_ylabel("output tokens/s")
+    bottom.set_xlabel("seconds since the load began")
+    bottom.set_ylim(bottom=0)
+    bottom.grid(alpha=0.3)
+    bottom.legend(loc="upper right", fontsize=8)
+
+    starts = [s.start_s for s in summaries]
+    for ax in (top, bottom):
+        for start in starts[1:]:
+            ax.axvline(start, color="0.3", linewidth=0.8, linestyle="-")
+    for summary, phase in zip(summaries, phases):
+        label = phase.name + (f" ({phase.speed_factor:g}x slow)" if phase.speed_factor != 1.0 else "")
+        top.annotate(label, xy=((summary.start_s + summary.end_s) / 2, 1.0), xycoords=("data", "axes fraction"),
+                     xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target

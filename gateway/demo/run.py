@@ -1,0 +1,282 @@
+"""``sweetspot demo`` end to end: simulator, sweep, gateway at the sweet spot, changing load, summary.
+
+1. Start the simulator (``--admin``, time-scaled) on a free loopback port.
+2. Sweep it directly (a few short levels) and write the sweep's report: the measured sweet spot.
+3. Start the gateway in front of it with ``--sweep-result``, so its controller starts at that sweet
+   spot, and with its time constants scaled like the simulator (see :mod:`gateway.demo.script`).
+4. Drive closed-loop clients through the gateway phase by phase, changing the backend's speed through
+   the simulator's admin endpoint, sampling the gateway's ``/state`` and the simulator's engine state
+   into a timeline and showing it live.
+5. Summarise where the limit held per phase against the sweet spot, write ``demo.json`` and
+   ``demo.png``, and say where every file is.
+
+Every child process is stopped on the way out: normal end, error, Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from rich.console import Console
+
+from gateway.bench.client import StreamClient, Target
+from gateway.bench.live import LiveWindow
+from gateway.bench.loadgen import ClosedLoopPool
+from gateway.bench.progress import sweep_progress
+from gateway.bench.report import headline as sweep_headline
+from gateway.bench.report import write_report
+from gateway.bench.result import SweepResult
+from gateway.bench.sweep import SweepConfig, SweepError, run_sweep
+from gateway.bench.workload import RequestFactory, Workload
+from gateway.demo.children import ChildError, Children, sweetspot_command
+from gateway.demo.plot import plot_timeline
+from gateway.demo.reference import Reference, reference_for
+from gateway.demo.report import headline, summary_table, write_json
+from gateway.demo.script import DEFAULT, QUICK, Script, default_workload, gateway_env, scaled_slo
+from gateway.demo.summary import overall, summarize
+from gateway.demo.timeline import Sample, build_sample
+from gateway.demo.view import PlainView, make_view
+
+DEFAULT_PROFILE = "qwen3.6-35b-a3b-32gb"
+
+
+class DemoError(RuntimeError):
+    """The demo cannot go on (a child failed, the sweep found nothing to start from)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    out: Path
+    time_scale: float = 2.0
+    duration_scale: float = 1.0
+    quick: bool = False
+    profile: str = DEFAULT_PROFILE
+    seed: int = 0
+    plain: bool = False  # plain lines even on a terminal
+    print_every_s: float = 5.0  # plain view: one line this often
+    sample_every_s: float = 0.5
+    levels: tuple[int, ...] | None = None  # override the script's sweep levels
+    strict: bool = False  # exit 1 when a judged phase misses the criterion
+
+    def script(self) -> Script:
+        base = QUICK if self.quick else DEFAULT
+        if self.levels:
+            base = Script(base.phases, tuple(sorted(set(self.levels))), base.sweep_measure_s)
+        return base.scaled(self.duration_scale) if self.duration_scale != 1.0 else base
+
+
+@dataclass(slots=True)
+class DemoOutcome:
+    out: Path
+    exit_code: int
+    passed: bool | None = None
+    interrupted: bool = False
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Treat SIGTERM (CI cancelling a job, ``kill``) like Ctrl-C, so the same cleanup runs."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+async def _get_json(http: aiohttp.ClientSession, url: str) -> Any:
+    try:
+        async with http.get(url) as resp:
+            return await resp.json() if resp.status == 200 else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+
+
+async def _set_speed(http: aiohttp.ClientSession, sim_url: str, factor: float) -> None:
+    async with http.post(f"{sim_url}/admin/scenario", json={"speed_factor": factor}) as resp:
+        if resp.status != 200:
+            raise DemoError(f"the simulator refused speed_factor={factor}: HTTP {resp.status} {await resp.text()}")
+
+
+async def _drive(gateway_url: str, sim_url: str, model: str, script: Script, workload: Workload,
+                 references: list[Reference], view: PlainView | Any, samples: list[Sample],
+                 sample_every_s: float) -> list[Any] | None:
+    """Run the phases, appending to ``samples``; returns the controller's decision log at the end."""
+    target = Target(gateway_url, model=model, timeout_s=300.0)
+    async with StreamClient(target) as client, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
+        live = LiveWindow(horizon_s=4.0)
+        pool = ClosedLoopPool(client, RequestFactory(workload, stream_id=1000), concurrency=0, on_record=live.add)
+        pool.start()
+        began = time.perf_counter()
+        speed, planned_end = 1.0, 0.0
+        try:
+            for index, phase in enumerate(script.phases):
+                if phase.speed_factor != speed:
+                    await _set_speed(http, sim_url, phase.speed_factor)
+                    speed = phase.speed_factor
+                pool.set_concurrency(phase.clients)
+                view.phase_started(index, phase, references[index].concurrency, time.perf_counter() - began)
+                planned_end += phase.duration_s
+                next_tick = time.perf_counter()
+                while time.perf_counter() - began < planned_end:
+                    state, backend = await asyncio.gather(_get_json(http, f"{gateway_url}/state"),
+                                                          _get_json(http, f"{sim_url}/admin/scenario"))
+                    now = time.perf_counter()
+                    stats = pool.stats()
+                    live.observe(now, stats)
+                    sample = build_sample(now - began, index, state, backend, live.snapshot(now), stats)
+                    samples.append(sample)
+                    view.update(sample)
+                    next_tick += sample_every_s
+                    await asyncio.sleep(max(0.0, min(next_tick, began + planned_end) - time.perf_counter()))
+            final = await _get_json(http, f"{gateway_url}/state")
+        finally:
+            await pool.stop(drain_timeout_s=0)
+    upstreams = final.get("upstreams") if isinstance(final, dict) else None
+    controller = upstreams[0].get("controller") if isinstance(upstreams, list) and upstreams else None
+    return controller.get("decisions") if isinstance(controller, dict) else None
+
+
+def _sweep(console: Console, sim_url: str, script: Script, workload: Workload, time_scale: float,
+           out: Path) -> SweepResult:
+    config = SweepConfig(url=sim_url, levels=script.sweep_levels, duration_s=script.sweep_measure_s,
+                         workload=workload, slo=scaled_slo(time_scale), request_timeout_s=120.0,
+                         level_timeout_s=120.0)
+    try:
+        with sweep_progress(console) as progress:
+            result = asyncio.run(run_sweep(config, progress))
+    except SweepError as exc:
+        raise DemoError(f"the sweep of the simulator failed: {exc}") from exc
+    write_report(result, out)
+    for line in sweep_headline(result):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
+    if result.sweet_spot is None:
+        raise DemoError(f"the sweep found no sweet spot to start the controller at ({result.verdict}); "
+                        f"see {out / 'sweep.md'}")
+    return result
+
+
+def _print_files(console: Console, files: dict[str, Path]) -> None:
+    console.print("files:", highlight=False)
+    for label, path in files.items():
+        if path.exists():
+            console.print(f"  {label:<14} {path}", highlight=False, soft_wrap=True, markup=False)
+
+
+def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
+    """Run the whole demo; never leaves a child process behind."""
+    out = options.out
+    out.mkdir(parents=True, exist_ok=True)
+    script = options.script()
+    workload: Workload = default_workload(options.seed)
+    env = gateway_env(options.time_scale)
+    outcome = DemoOutcome(out=out, exit_code=0)
+    files = outcome.files
+    files.update({"summary+timeline": out / "demo.json", "plot": out / "demo.png",
+                  "sweep": out / "sweep" / "sweep.json", "sweep table": out / "sweep" / "sweep.md",
+                  "sweep plot": out / "sweep" / "sweep.png", "simulator log": out / "sim.log",
+                  "gateway log": out / "gateway.log"})
+    samples: list[Sample] = []
+    decisions: list[Any] | None = None
+    result: SweepResult | None = None
+    references: list[Reference] = []
+    pids: dict[str, int] = {}
+    started = time.perf_counter()
+    console.print(
+        f"sweetspot demo: simulator ({options.profile}) at {options.time_scale:g}x real time; sweep, then "
+        f"{len(script.phases)} load phases ({script.load_s:.0f} s) through the gateway; files in {out}",
+        highlight=False, soft_wrap=True)
+    console.print(
+        f"the gateway's time constants and SLOs are scaled by the same {options.time_scale:g}x: "
+        + ", ".join(f"{k}={v}" for k, v in env.items()), highlight=False, soft_wrap=True, markup=False)
+    with _sigterm_interrupts():
+        try:
+            with Children(out) as children:
+                sim = children.start("sim", sweetspot_command(
+                    "sim", "--port", "0", "--profile", options.profile, "--time-scale", f"{options.time_scale:g}",
+                    "--admin", "--seed", str(options.seed)))
+                pids["sim"] = sim.pid
+                sim.wait_http_ok("/health", 30)
+                console.print(f"simulator listening on {sim.url}", highlight=False)
+                assert sim.url is not None
+                result = _sweep(console, sim.url, script, workload, options.time_scale, out / "sweep")
+                references = [reference_for(result, p.speed_factor) for p in script.phases]
+                gateway = children.start("gateway", sweetspot_command(
+                    "serve", "--upstream", sim.url, "--port", "0", "--sweep-result",
+                    str(out / "sweep" / "sweep.json"), "--log-level", "info"), env=env)
+                pids["gateway"] = gateway.pid
+                gateway.wait_http_ok("/readyz", 30)
+                assert gateway.url is not None
+                console.print(f"gateway listening on {gateway.url}, in front of {sim.url}", highlight=False)
+                view = make_view(console, script.phases, plain=options.plain, every_s=options.print_every_s)
+                with view:
+                    decisions = asyncio.run(_drive(gateway.url, sim.url, result.server.model, script, workload,
+                                                   references, view, samples, options.sample_every_s))
+        except KeyboardInterrupt:
+            outcome.interrupted, outcome.exit_code = True, 130
+            console.print("interrupted: every process the demo started has been stopped", highlight=False)
+        except (DemoError, ChildError) as exc:
+            outcome.exit_code = 1
+            console.print(f"error: {exc}", highlight=False, soft_wrap=True, markup=False)
+    if result is not None and samples:
+        _finish(console, options, script, result, references, samples, decisions, env, pids, outcome,
+                time.perf_counter() - started)
+    _print_files(console, files)
+    return outcome
+
+
+def _finish(console: Console, options: DemoOptions, script: Script, result: SweepResult,
+            references: list[Reference], samples: list[Sample], decisions: list[Any] | None,
+            env: dict[str, str], pids: dict[str, int], outcome: DemoOutcome, elapsed_s: float) -> None:
+    summaries = summarize(script.phases, samples, references)
+    passed = overall(summaries)
+    controller_seen = any(s.action is not None for s in samples)
+    outcome.passed = passed
+    console.print(summary_table(summaries))
+    for line in headline(summaries, passed, controller_seen):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
+    spot = result.sweet_spot
+    meta = {
+        "created_at": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "interrupted": outcome.interrupted,
+        "elapsed_s": round(elapsed_s, 1),
+        "options": {"time_scale": options.time_scale, "duration_scale": options.duration_scale,
+                    "quick": options.quick, "profile": options.profile, "seed": options.seed},
+        "workload": default_workload(options.seed).describe(),
+        "gateway_env": env,
+        "pids": pids,
+        "controller_seen": controller_seen,
+        "sweep": {"sweet_spot": spot.concurrency if spot else None, "peak_tokens_per_s": result.peak_tokens_per_s,
+                  "peak_concurrency": result.peak_concurrency, "verdict": result.verdict,
+                  "levels": list(script.sweep_levels), "measure_s": script.sweep_measure_s,
+                  "file": str(outcome.files["sweep"])},
+        "script": [{"name": p.name, "clients": p.clients, "duration_s": p.duration_s,
+                    "speed_factor": p.speed_factor} for p in script.phases],
+    }
+    write_json(outcome.files["summary+timeline"], meta=meta, summaries=summaries, passed=passed, samples=samples,
+               decisions=decisions)
+    title = (f"sweetspot demo: {options.profile} at {options.time_scale:g}x, sweep sweet spot "
+             f"{spot.concurrency if spot else '-'}" + (" (interrupted)" if outcome.interrupted else ""))
+    plot_timeline(samples, script.phases, summaries, outcome.files["plot"], title=title)
+    if options.strict and passed is False and outcome.exit_code == 0:
+        outcome.exit_code = 1
+
+
+def default_out_dir() -> Path:
+    return Path("out") / f"demo-{datetime.now():%Y%m%d-%H%M%S}"

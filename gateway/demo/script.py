@@ -1,0 +1,107 @@
+"""What the demo does, as data: the load phases, the sweep before them, and the clock they all share.
+
+**Time scale.** The simulator runs its engine ``time_scale`` times faster than real time, so two wall
+minutes show several minutes of a real server. Everything else that is measured in seconds is scaled by
+the same factor, so the demo behaves like the real-time system, only faster: the latency objectives of
+the sweep and of the controller (p99 TTFT 2 s, p99 TPOT 100 ms at real time) and the controller's
+periods (tick, window, settle, measure, re-probe). The gateway gets those through ``SWEETSPOT_*``
+environment variables; :func:`gateway_env` lists them and the demo prints them.
+
+**Phases.** Closed-loop clients through the gateway, in the order a newcomer can follow: a light load
+the limit does not bind (the controller must hold), a surge well over the sweet spot (the queue takes
+the excess and the limit should stay near the sweet spot), the backend turning twice as slow for a
+while (each engine step takes twice as long) and recovering, then a calmer load. A phase is *judged*
+only when its clients exceed the sweet spot clearly (``DEMAND_MARGIN``): below that the limit is not
+the bottleneck and where it sits proves nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from gateway.bench.result import SLO
+from gateway.bench.workload import LengthDist, Workload
+
+DEMAND_MARGIN = 1.25  # judged when clients >= this x the phase's reference sweet spot
+TOLERANCE = 0.25  # the controller's median limit must be within +-25% of the reference
+STEADY_SKIP = 0.3  # the first 30% of a phase is the transition; the rest is judged
+
+REAL_TIME_SLO = SLO(ttft_ms=2000.0, tpot_ms=100.0)  # `sweetspot sweep`'s and the gateway's defaults
+
+# The gateway's time constants (seconds) that the demo scales with the simulator, when the settings
+# have them. Their defaults are read from gateway.settings, so the demo follows any change there.
+SCALED_SETTINGS = (
+    "control_interval_s", "window_s", "settle_s", "measure_s", "reprobe_s", "backend_queue_persist_s",
+    "metrics_interval_s", "metrics_stale_s", "health_interval_s", "ttft_p99_slo_s", "tpot_p99_slo_s",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    name: str
+    clients: int
+    duration_s: float
+    speed_factor: float = 1.0  # the simulator's step time multiplier during this phase
+    story: str = ""  # one line for the live view: what to watch for
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    phases: tuple[Phase, ...]
+    sweep_levels: tuple[int, ...]
+    sweep_measure_s: float  # seconds of measurement per sweep level (wall)
+
+    @property
+    def load_s(self) -> float:
+        return sum(p.duration_s for p in self.phases)
+
+    def scaled(self, duration_scale: float) -> "Script":
+        """The same script with every phase and sweep level lasting ``duration_scale`` times as long."""
+        if duration_scale <= 0:
+            raise ValueError("duration_scale must be > 0")
+        phases = tuple(replace(p, duration_s=p.duration_s * duration_scale) for p in self.phases)
+        return replace(self, phases=phases, sweep_measure_s=self.sweep_measure_s * duration_scale)
+
+
+DEFAULT_PHASES = (
+    Phase("light", 4, 10.0, story="4 clients: the limit is not the bottleneck, so the controller holds"),
+    Phase("surge", 64, 25.0, story="64 clients: the excess waits in the gateway's queue, the backend stays at its sweet spot"),
+    Phase("slow backend", 64, 25.0, speed_factor=2.0,
+          story="every engine step takes twice as long: half the tokens/s at the same concurrency"),
+    Phase("recovered", 64, 20.0, story="the backend is fast again"),
+    Phase("calm", 16, 10.0, story="16 clients: below the sweet spot again, nothing queues"),
+)
+
+DEFAULT = Script(phases=DEFAULT_PHASES, sweep_levels=(8, 16, 24, 32, 48), sweep_measure_s=3.0)
+# The CI variant: the same phases and code path, fewer and shorter sweep levels, phases 5x shorter.
+QUICK = replace(DEFAULT.scaled(0.2), sweep_levels=(8, 16, 32), sweep_measure_s=2.0)
+
+
+def default_workload(seed: int = 0) -> Workload:
+    """256-token prompts and answers of 64 to 192 tokens (mean 128: `sweetspot sweep`'s default shape),
+    for the sweep and the load alike. The spread matters: closed-loop clients with equal answers move in
+    lockstep, so a short measurement window would see either all of them start or none."""
+    return Workload(prompt_len=LengthDist("fixed", 256), output_len=LengthDist("uniform", 64, 192), seed=seed)
+
+
+def scaled_slo(time_scale: float) -> SLO:
+    """The real-time objectives as wall-clock objectives of a simulator running ``time_scale`` x."""
+    return SLO(ttft_ms=REAL_TIME_SLO.ttft_ms / time_scale, tpot_ms=REAL_TIME_SLO.tpot_ms / time_scale)  # type: ignore[operator]
+
+
+def gateway_env(time_scale: float) -> dict[str, str]:
+    """``SWEETSPOT_*`` variables that scale the gateway's time constants with the simulator."""
+    from gateway.settings import Settings
+
+    env: dict[str, str] = {}
+    for name in SCALED_SETTINGS:
+        field = Settings.model_fields.get(name)
+        if field is None or not isinstance(field.default, (int, float)) or isinstance(field.default, bool):
+            continue
+        env[f"SWEETSPOT_{name.upper()}"] = f"{field.default / time_scale:.6g}"
+    return env
+
+
+def is_judged(clients: int, reference: int | None) -> bool:
+    """Whether the phase's demand exceeds the sweet spot enough for the limit to be the bottleneck."""
+    return reference is not None and clients >= DEMAND_MARGIN * reference

@@ -1,0 +1,116 @@
+"""One row of the demo's timeline, built from what the gateway, the simulator and the clients report.
+
+Three sources, read every sample tick: the gateway's ``GET /state`` (limit, in-flight, queue, its
+sliding window's tokens/s and p99 latencies, and the controller's state when it has one), the
+simulator's ``GET /admin/scenario`` (what the backend itself runs: running, waiting, KV usage,
+preemptions) and the demo's own load generator (client-side tokens/s, requests that failed or were
+refused). Every field is read defensively: a missing or renamed field becomes ``None``, never an
+exception, so the demo keeps running against a gateway whose state view grows or changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from gateway.bench.live import LiveStats
+from gateway.bench.loadgen import PoolStats
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    t: float  # seconds since the load began
+    phase: int  # index into the script's phases
+    clients: int
+    limit: int | None
+    inflight: int | None
+    queued: int | None
+    tokens_per_s: float | None  # client-side: streamed chunks per second (one token each)
+    gateway_tokens_per_s: float | None  # the gateway window's output tokens/s
+    ttft_p99_ms: float | None  # backend TTFT (from admission), the gateway window's p99
+    client_ttft_p99_ms: float | None  # TTFT as clients saw it, the gateway queue included
+    tpot_p99_ms: float | None
+    backend_running: int | None
+    backend_waiting: int | None
+    kv_usage: float | None
+    preemptions: int | None
+    ok: int  # client requests that finished well, since the load began
+    failed: int  # ... that failed (errors)
+    rejected: int  # ... that the gateway refused (429/503)
+    action: str | None = None  # the controller's last decision, when it has one
+    reason: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+def _get(data: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _int(value: Any) -> int | None:
+    number = _num(value)
+    return None if number is None else int(number)
+
+
+def _ms(seconds: Any) -> float | None:
+    value = _num(seconds)
+    return None if value is None else value * 1000.0
+
+
+def upstream_state(state: Any) -> dict[str, Any]:
+    """The first upstream's entry of a ``/state`` document (the demo has exactly one)."""
+    upstreams = _get(state, "upstreams")
+    return upstreams[0] if isinstance(upstreams, list) and upstreams and isinstance(upstreams[0], dict) else {}
+
+
+def last_decision(state: Any) -> tuple[str | None, str | None]:
+    decision = _get(upstream_state(state), "controller", "last_decision")
+    action, reason = _get(decision, "action"), _get(decision, "reason")
+    return (str(action) if action is not None else None, str(reason) if reason is not None else None)
+
+
+def build_sample(
+    t: float, phase: int, state: Any, backend: Any, live: LiveStats, pool: PoolStats
+) -> Sample:
+    """A timeline row from one ``/state`` document, one ``/admin/scenario`` view and the client stats."""
+    upstream = upstream_state(state)
+    window = _get(upstream, "window")
+    limit = _int(_get(upstream, "controller", "limit"))
+    if limit is None:
+        limit = _int(_get(upstream, "limit"))
+    action, reason = last_decision(state)
+    return Sample(
+        t=round(t, 3),
+        phase=phase,
+        clients=pool.concurrency,
+        limit=limit,
+        inflight=_int(_get(upstream, "inflight")),
+        queued=_int(_get(state, "queue", "depth")),
+        tokens_per_s=round(live.chunks_per_s, 1),
+        gateway_tokens_per_s=_num(_get(window, "output_tokens_per_s")),
+        ttft_p99_ms=_ms(_get(window, "upstream_ttft_p99")),
+        client_ttft_p99_ms=_ms(_get(window, "ttft_p99")),
+        tpot_p99_ms=_ms(_get(window, "tpot_p99")),
+        backend_running=_int(_get(backend, "num_running")),
+        backend_waiting=_int(_get(backend, "num_waiting")),
+        kv_usage=_num(_get(backend, "kv_usage")),
+        preemptions=_int(_get(backend, "num_preemptions")),
+        ok=pool.ok,
+        failed=pool.failed,
+        rejected=pool.rejected,
+        action=action,
+        reason=reason,
+    )

@@ -1,0 +1,112 @@
+"""``sweetspot demo --quick`` as CI runs it: no terminal, real child processes, files at the end.
+
+The quick variant drives the same code path as ``make demo`` (simulator, sweep, gateway started from
+the sweep's result, the five load phases, summary, plot, JSON), only shorter. These tests check that it
+runs to the end with plain output, that its summary and JSON say what the demo is for, and that no
+child process outlives it, whether it ends normally or by Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gateway.bench.result import load_sweep_result
+
+ANSI = re.compile(r"\x1b\[")
+DEMO = [sys.executable, "-m", "gateway", "demo", "--quick"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie not yet reaped by its (gone) parent counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found |= {int(p) for p in (task / "children").read_text().split()}
+        except OSError:
+            pass
+    return found
+
+
+def test_quick_demo_runs_to_the_end_without_a_terminal(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = subprocess.run([*DEMO, "--out", str(out), "--print-every", "2"], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300, text=True)
+    text = proc.stdout
+    assert proc.returncode == 0, text[-4000:]
+    assert not ANSI.search(text), "plain output expected without a terminal (no colours, no cursor moves)"
+    for expected in ("simulator listening on", "sweet spot:", "gateway listening on", "phase 1/5: light",
+                     "phase 3/5: slow backend", "where the controller held", "result:", "files:"):
+        assert expected in text, f"{expected!r} missing from the demo's output:\n{text[-4000:]}"
+
+    doc = json.loads((out / "demo.json").read_text())
+    assert doc["kind"] == "sweetspot.demo" and doc["interrupted"] is False
+    sweep = load_sweep_result(out / "sweep" / "sweep.json")
+    assert sweep.sweet_spot is not None and doc["sweep"]["sweet_spot"] == sweep.sweet_spot.concurrency
+    phases = {p["name"]: p for p in doc["phases"]}
+    assert list(phases) == ["light", "surge", "slow backend", "recovered", "calm"]
+    assert all(p["samples"] > 0 and p["limit_median"] is not None for p in phases.values()), doc["phases"]
+    # 4 clients never make the limit the bottleneck; 64 always exceed the sweet spot of the default profile
+    assert not phases["light"]["judged"] and phases["light"]["verdict"] == "not judged"
+    for name in ("surge", "slow backend", "recovered"):
+        assert phases[name]["judged"] and phases[name]["verdict"] in ("within", "outside"), phases[name]
+        assert phases[name]["reference"] is not None and phases[name]["ratio"] is not None
+    assert doc["passed"] == all(phases[n]["verdict"] == "within" for n in ("surge", "slow backend", "recovered"))
+    # the load really went through the gateway and reached the backend
+    timeline = doc["timeline"]
+    assert max(s["queued"] or 0 for s in timeline) > 0, "64 clients over the limit must queue in the gateway"
+    assert max(s["backend_running"] or 0 for s in timeline) > 0
+    assert sum(1 for s in timeline if s["tokens_per_s"]) > len(timeline) / 2
+    assert timeline[-1]["failed"] == 0, "no client request may fail in the demo"
+    # the slow phase is visible in what the clients get
+    slow, surge = phases["slow backend"]["tokens_per_s_median"], phases["surge"]["tokens_per_s_median"]
+    assert slow < surge, (slow, surge)
+
+    assert (out / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "sweep" / "sweep.png").exists() and (out / "sweep" / "sweep.md").exists()
+    assert "listening on" in (out / "gateway.log").read_text()
+    assert set(doc["pids"]) == {"sim", "gateway"}
+    assert not any(_alive(pid) for pid in doc["pids"].values()), f"child processes left running: {doc['pids']}"
+
+
+def test_ctrl_c_stops_every_child_process(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = subprocess.Popen([*DEMO, "--levels", "8", "--out", str(out)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        log = out / "gateway.log"
+        while not (log.exists() and "listening on" in log.read_text()):
+            assert proc.poll() is None, f"the demo ended before the gateway started:\n{proc.stdout.read()}"  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the gateway did not start within 180 s"
+            time.sleep(0.2)
+        children = _children(proc.pid)
+        assert len(children) == 2, f"expected the simulator and the gateway as children, found {children}"
+        proc.send_signal(signal.SIGINT)
+        text, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, text[-3000:]
+    assert "interrupted" in text
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in children), f"left running after Ctrl-C: {children}"
