@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 from gateway.demo.script import DEMAND_MARGIN, STEADY_SKIP, TOLERANCE
@@ -21,23 +22,27 @@ def _n(value: float | int | None, fmt: str = "{:.0f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def summary_table(summaries: Sequence[PhaseSummary]) -> Table:
-    table = Table(title="where the controller held (steady part of each phase)", title_justify="left")
-    for name, justify in (("phase", "left"), ("clients", "right"), ("backend", "right"), ("sweet spot", "right"),
-                          ("limit median (min-max)", "right"), ("ratio", "right"), ("in band", "right"),
-                          ("in-flight", "right"), ("queued", "right"), ("tok/s", "right"),
-                          ("preempt", "right"), ("verdict", "left")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+def summary_table(summaries: Sequence[PhaseSummary], *, width: int = 120) -> Table:
+    """One row per phase. Under 95 columns the share in band and tokens/s are left out (they are in the
+    JSON) so the table still fits an 80-column terminal."""
+    wide = width >= 95
+    table = Table(title="where the controller held (steady part of each phase)", title_justify="left",
+                  box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
+    columns = [("phase", "left"), ("clients", "right"), ("sweet\nspot", "right"), ("limit\n(min-max)", "right"),
+               ("ratio", "right"), ("in\nband", "right"), ("in-\nflight", "right"), ("queued", "right"),
+               ("tok/s", "right"), ("verdict", "left")]
+    keep = [wide or name not in ("in\nband", "tok/s") for name, _ in columns]
+    for (name, justify), kept in zip(columns, keep):
+        if kept:
+            table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for s in summaries:
-        verdict = s.verdict if s.verdict != MISS else f"[bold red]{s.verdict}[/]"
-        if s.verdict == PASS:
-            verdict = f"[green]{s.verdict}[/]"
-        table.add_row(
-            s.name, str(s.clients), "normal" if s.speed_factor == 1.0 else f"{s.speed_factor:g}x slower",
-            _n(s.reference), f"{_n(s.limit_median, '{:g}')} ({_n(s.limit_min)}-{_n(s.limit_max)})",
+        verdict = {PASS: f"[green]{s.verdict}[/]", MISS: f"[bold red]{s.verdict}[/]"}.get(s.verdict, s.verdict)
+        cells = [
+            s.name, str(s.clients), _n(s.reference), f"{_n(s.limit_median, '{:g}')} ({_n(s.limit_min)}-{_n(s.limit_max)})",
             _n(s.ratio, "{:.2f}"), _n(None if s.in_band is None else s.in_band * 100, "{:.0f}%"),
-            _n(s.inflight_median), _n(s.queued_median), _n(s.tokens_per_s_median), _n(s.preemptions), verdict,
-        )
+            _n(s.inflight_median), _n(s.queued_median), _n(s.tokens_per_s_median), verdict,
+        ]
+        table.add_row(*(cell for cell, kept in zip(cells, keep) if kept))
     return table
 
 

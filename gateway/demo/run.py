@@ -248,7 +248,7 @@ def _finish(console: Console, options: DemoOptions, script: Script, result: Swee
     passed = overall(summaries)
     controller_seen = any(s.action is not None for s in samples)
     outcome.passed = passed
-    console.print(summary_table(summaries))
+    console.print(summary_table(summaries, width=console.width))
     for line in headline(summaries, passed, controller_seen):
         console.print(line, highlight=False, soft_wrap=True, markup=False)
     spot = result.sweet_spot
