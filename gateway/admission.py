@@ -131,6 +131,12 @@ class AdmissionQueue:
     def depth(self) -> int:
         return self._waiting
 
+    def depth_for(self, name: str) -> int:
+        """Queued requests that ``name`` could serve: the demand this upstream's limit holds back."""
+        if len(self.limiters) == 1:
+            return self._waiting
+        return sum(1 for w in self._heap if not w.gone and (w.eligible is None or name in w.eligible))
+
     def drain_rate(self) -> float:
         """Permits released per second over the recent past: how fast the queue moves."""
         now = self._clock()

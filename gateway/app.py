@@ -22,6 +22,8 @@ from gateway.api.errors import error_response
 from gateway.core import Gateway
 from gateway.runtime import every, health_tick
 from gateway.settings import Settings
+from gateway.supervisor import Supervisor
+from gateway.telemetry.nvml import GpuSource
 
 
 def _bind_gauges(gateway: Gateway) -> None:
@@ -35,25 +37,37 @@ def _bind_gauges(gateway: Gateway) -> None:
         metrics.upstream_healthy.labels(upstream.name).set_function(lambda limiter=limiter: int(limiter.healthy))
 
 
-def create_app(settings: Settings, *, gateway: Gateway | None = None) -> FastAPI:
+def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source: GpuSource | None = None) -> FastAPI:
+    """The gateway app. ``gpu_source`` replaces NVML (tests without a GPU pass a fake)."""
     gateway = gateway or Gateway.build(settings)
     _bind_gauges(gateway)
+    supervisor = Supervisor.build(gateway, gpu_source)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         poll = health_tick(gateway)
         await poll()  # know health and models before the first request
-        tasks = [asyncio.create_task(every(settings.health_interval_s, poll, "health poll"))]
+        supervisor.start()
+        loops = [
+            every(settings.health_interval_s, poll, "health poll"),
+            every(settings.metrics_interval_s, supervisor.scrape, "backend scrape"),
+            every(settings.nvml_interval_s, supervisor.read_gpus, "NVML read"),
+        ]
+        if supervisor.controls:
+            loops.append(every(settings.control_interval_s, supervisor.control, "controller tick"))
+        tasks = [asyncio.create_task(loop) for loop in loops]
         try:
             yield
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            supervisor.close()
             await gateway.client.close()
 
     app = FastAPI(title="sweetspot", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
+    app.state.supervisor = supervisor
     app.include_router(openai_routes.router)
     app.include_router(ops_routes.router)
 

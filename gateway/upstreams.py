@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -31,7 +31,6 @@ class Upstream:
     models: list[dict[str, Any]] | None = None  # None: not known (listing failed or unsupported)
     health_error: str | None = None
     last_health_check: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
@@ -36,6 +38,7 @@ async def metrics(request: Request) -> Response:
 async def state(request: Request) -> Response:
     """Each upstream's limiter, window statistics and controller state, plus the queue."""
     gateway: Gateway = request.app.state.gateway
+    supervisor = getattr(request.app.state, "supervisor", None)
     now = gateway.clock()
     upstreams = []
     for upstream in gateway.pool:
@@ -50,9 +53,12 @@ async def state(request: Request) -> Response:
             "window": upstream.window.stats(now).as_dict(),
         }
         controller = gateway.controllers.get(upstream.name)
-        if controller is not None and hasattr(controller, "state"):
+        if controller is not None:
             entry["controller"] = controller.state()
-        entry.update(upstream.extra)
+        scraper = supervisor.scrapers.get(upstream.name) if supervisor is not None else None
+        if scraper is not None:
+            snapshot = scraper.latest
+            entry["backend"] = {**dataclasses.asdict(snapshot), "age_s": snapshot.age(now)}
         upstreams.append(entry)
     queue = {
         "depth": gateway.queue.depth,

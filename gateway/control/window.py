@@ -123,6 +123,7 @@ class SlidingWindow:
         self._samples: deque[RequestSample] = deque()
         self._token_buckets: deque[list[float]] = deque()  # [bucket start, tokens]
         self._started: float | None = None
+        self.tokens_total = 0.0  # every token ever credited: lets the controller judge exact intervals
 
     def start(self, now: float) -> None:
         """Mark when measuring began, so an early window's rate is not divided by a span it never saw."""
@@ -138,6 +139,7 @@ class SlidingWindow:
         if count == 0:
             return
         self.start(now)
+        self.tokens_total += count
         start = now - (now % self.bucket_s)
         buckets = self._token_buckets
         if buckets and buckets[-1][0] == start:
