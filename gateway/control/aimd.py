@@ -1,0 +1,461 @@
+"""The AIMD limit algorithm: find the knee of the upstream's throughput curve and hold it there.
+
+Each tick, in this order (the first rule that applies decides):
+
+1. **Bounds.** Never above ``limit_max`` or the upstream's hard cap (llama-server slots, vLLM KV capacity).
+2. **Congestion** (:mod:`gateway.control.signals`): multiplicative decrease, at most once per window.
+   Failures halve the limit and restart slow start towards the last good limit (as TCP does after a
+   loss); headroom and latency breaches cut by ``decrease_factor`` (latency: in proportion to the
+   overshoot) and leave a *ceiling* at the congested limit that probes may not retry for two re-probe
+   periods (hysteresis: no sawtooth back into the same wall).
+3. **No demand**: when nothing queued and in-flight never reached the limit, hold. Raising an unused
+   limit proves nothing, so an idle gateway never drifts upward.
+4. **Hysteresis band**: a signal over its line but not yet confirmed blocks increases.
+5. **The knee search**, judged on throughput *measured at one limit* (:mod:`gateway.control.meter`),
+   after the change has settled. Slow start doubles while each doubling pays; then probes step by
+   ``max(1, round(probe_step_scale * sqrt(limit)))``. A step up is kept only when the added slots
+   paid: marginal tokens/s per added slot >= ``marginal_gain_min`` x the average per slot below. A
+   step down is kept when the removed slots did not pay. Unpaid steps are undone, and the next probe
+   (in the other direction) waits ``reprobe_s``, so a backend that got faster is found again. A step up
+   whose measured per-stream token rate predicts p99 TPOT over its objective is undone at once, before
+   any of its slow requests finish (the overshoot a finish-time-only signal would allow).
+
+Why throughput and not end-to-end latency: an LLM request's duration grows with its output length, so
+latency-gradient algorithms (Envoy's adaptive concurrency, Netflix Gradient2) read a shift to longer
+answers as congestion, or adapt their baseline to real overload and creep upward. Tokens/s at a limit,
+TTFT and TPOT are per-token quantities that do not.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.control.algorithm import Action, Decision, Reason
+from gateway.control.config import AimdConfig, StartPoint
+from gateway.control.curve import Curve
+from gateway.control.meter import LimitHistory, ThroughputMeter
+from gateway.control.observation import Observation
+from gateway.control.signals import CongestionDetector, Signal
+
+SLOW_START = "slow_start"  # doubling from the start (or back towards the last good limit after failures)
+CLIMB = "climb"  # a doubling ran into headroom: climbing to the top of the curve in quarter steps
+CRUISE = "cruise"  # at the knee, with a probe beside it every re-probe period
+_FAIR_SLACK = 0.25  # holding this much more than everyone else on a full backend: yield a step
+_CLIMB_STEP = 0.25  # climb steps are a quarter of the limit: a step's gain must stand out of the noise
+_DWELL_READINGS = 3  # settled readings at a limit before the curve may move it a little
+_FAR = 0.2  # ... but a knee this far below (share of the limit) is acted on after one reading
+_KNEE_DEAD_BAND = 0.05  # the knee must move by more than this share of the limit to move the limit
+_KV_ROOM_SHARE = 0.75  # an increase takes at most this share of the KV room left under kv_usage_resume
+_CALIBRATION_WEIGHT = 0.3  # EWMA weight of a new p99-TPOT calibration point
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    direction: int  # +1: slots added, -1: slots removed
+    base_limit: int
+    kind: str  # the phase that made the step: SLOW_START, CLIMB or CRUISE
+
+
+class Aimd:
+    """Additive-increase / multiplicative-decrease, with the increase judged by its marginal gain."""
+
+    def __init__(self, config: AimdConfig, *, initial_limit: int, start: StartPoint | None = None) -> None:
+        self.config = config
+        first = start.limit if start is not None else initial_limit
+        self._limit = min(max(first, config.limit_min), config.limit_max)
+        self._phase = CRUISE if start is not None else SLOW_START
+        self._peak_reference = start.peak_tokens_per_s if start is not None else None
+        self._ssthresh: int | None = None
+        self._changed_at: float | None = None
+        self._steady_since: float | None = None
+        self._probe: _Probe | None = None
+        self._next_probe_at: float | None = None
+        self._next_direction = 1
+        self._last_decrease_at: float | None = None
+        self._ceiling: int | None = None
+        self._ceiling_until = 0.0
+        self._tpot_scale: float | None = None
+        self._curve = Curve()
+        self._readings_here = 0  # readings taken since the limit last changed
+        self._reading_started = 0.0
+        self._detector = CongestionDetector(config)
+        self._meter = ThroughputMeter()
+        self._history = LimitHistory()
+        self._detail: dict[str, Any] = {}
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    # --- the step ---------------------------------------------------------------------------------
+    def step(self, obs: Observation) -> Decision:
+        now = obs.now
+        self._detail = {}
+        if self._changed_at is None:
+            self._changed_at = now
+            self._history.set(now, self._limit)
+        self._meter.record(now, obs.tokens_total, obs.tokens_per_s, obs.window_s)
+        bottleneck = obs.queue_depth > 0 or obs.peak_inflight >= self._limit
+        self._calibrate(obs, bottleneck)
+        signals = self._detector.update(obs)
+        self._track_steady(obs, bottleneck)
+        hi = self.config.limit_max if obs.hard_cap is None else min(self.config.limit_max, obs.hard_cap)
+        lo = min(self.config.limit_min, hi)
+
+        if self._limit > hi:
+            self._probe = None
+            reason = Reason.HARD_CAP if obs.hard_cap is not None and hi == obs.hard_cap else Reason.AT_MAX
+            return self._change(obs, hi, reason)
+        if self._limit < lo:
+            return self._change(obs, lo, Reason.AT_MIN)
+        if signals:
+            return self._congested(obs, signals, lo, bottleneck)
+        if not bottleneck:
+            return self._hold(obs, Reason.NO_DEMAND)
+        blocked = self._detector.blocking(obs)
+        if blocked is not None:
+            if self._probe is not None and self._probe.direction > 0:
+                return self._blocked(obs, blocked, hi)
+            return self._hold(obs, Reason.HEADROOM_NEAR, signal=blocked.value)
+        rate = self._measurement(now)
+        if rate is None:
+            return self._hold(obs, Reason.SETTLING)
+        self._detail["measured_tokens_per_s"] = round(rate, 2)
+        settled = self._readings_here > 0
+        self._readings_here += 1
+        if obs.failures == 0 and self._curve.add(self._limit, rate, self._reading_started, settled=settled):
+            # The same limit now gives a different throughput: the backend got slower or faster, or
+            # the mix changed. The curve's shape, and so the knee, is kept until readings say otherwise.
+            self._detail["curve_rescaled"] = True
+        if self._probe is not None:
+            if not settled and self._probe.kind != SLOW_START:
+                return self._hold(obs, Reason.SETTLING, first_reading=True)
+            return self._judge(obs, rate, lo, hi)
+        if self._phase == SLOW_START:
+            return self._slow_start(obs, lo, hi)
+        if self._phase == CLIMB:
+            return self._climb(obs, lo, hi)
+        return self._cruise(obs, lo, hi)
+
+    # --- congestion ------------------------------------------------------------------------------
+    def _congested(self, obs: Observation, signals: list[Signal], lo: int, bottleneck: bool) -> Decision:
+        signal = min(signals, key=lambda s: s.factor)
+        self._detail["signals"] = [s.as_dict() for s in signals]
+        now = obs.now
+        # While requests admitted under a higher limit still run, the backend's state is theirs: the
+        # cut already made has not taken effect yet. Failures are not load, so they are not held back.
+        draining = obs.inflight > self._limit and signal.reason is not Reason.UPSTREAM_ERRORS
+        recent = self._last_decrease_at is not None and now - self._last_decrease_at < self.config.window_s
+        if draining or recent:
+            probe = self._probe
+            if probe is not None and probe.direction > 0:  # back to a known-good limit
+                self._probe = None
+                return self._change(obs, probe.base_limit, signal.reason, Action.DECREASE)
+            return self._hold(obs, Reason.COOLDOWN, signal=signal.reason.value)
+        congested_at = self._limit
+        # An unused limit cut by a factor would still be unused: cut what is actually in flight.
+        base = self._limit if bottleneck else min(self._limit, max(obs.peak_inflight, 1))
+        new = max(lo, min(int(base * signal.factor), self._limit - 1))
+        probe = self._probe
+        if probe is not None and probe.direction > 0:
+            new = max(lo, probe.base_limit)  # the step caused it: back to the known-good limit
+        if new >= self._limit:
+            return self._hold(obs, Reason.AT_MIN, signal=signal.reason.value)
+        self._detector.decreased(obs, signal)
+        self._last_decrease_at = now
+        self._probe = None
+        self._next_probe_at = now + self.config.window_s
+        self._next_direction = 1
+        if signal.reason is Reason.UPSTREAM_ERRORS:
+            # Failures say nothing about where the knee is: recover quickly towards the last good limit.
+            recovering = self._phase == SLOW_START and self._ssthresh is not None
+            self._ssthresh = max(congested_at, self._ssthresh or 0) if recovering else congested_at
+            self._phase = SLOW_START
+            self._ceiling = None
+        else:
+            # A doubling that hit congestion leaves the top of the curve between the two limits.
+            searching = probe is not None and probe.kind == SLOW_START and self._ssthresh is None
+            self._phase = CLIMB if searching else CRUISE
+            self._ssthresh = None
+            self._set_ceiling(now, congested_at - 1)
+            self._curve.forget_above(congested_at - 1)
+        return self._change(obs, new, signal.reason, Action.DECREASE)
+
+    def _set_ceiling(self, now: float, ceiling: int) -> None:
+        self._ceiling = max(ceiling, self.config.limit_min)
+        self._ceiling_until = now + 2 * self.config.reprobe_s
+
+    def _ceiling_at(self, now: float) -> int | None:
+        if self._ceiling is not None and now >= self._ceiling_until:
+            self._ceiling = None
+        return self._ceiling
+
+    # --- the knee search -------------------------------------------------------------------------
+    def _top(self, obs: Observation, hi: int) -> int:
+        """The highest limit an increase may go to now: bounds, the ceiling, and the KV cache's room."""
+        ceiling = self._ceiling_at(obs.now)
+        top = hi if ceiling is None else max(min(hi, ceiling), self.config.limit_min)
+        room = self._kv_room(obs)
+        if room is not None:
+            top = min(top, max(self._limit + room, self._limit))
+        return top
+
+    def _kv_room(self, obs: Observation) -> int | None:
+        """How many more sequences fit before KV usage reaches ``kv_usage_resume``, at the KV each
+        running sequence holds now: a step sized by it stops short of the cliff instead of finding it
+        by preempting (KV grows with concurrency x context, and all of it is needed at once)."""
+        kv, running = obs.kv_usage, obs.backend_running
+        age = obs.kv_usage_age_s
+        if kv is None or not running or kv <= 0 or age is None or age > self.config.metrics_stale_s:
+            return None
+        per_sequence = kv / running
+        # Not all the room: sequences admitted a moment ago hold only their prompt yet, and will grow.
+        return math.floor(_KV_ROOM_SHARE * (self.config.kv_usage_resume - kv) / per_sequence)
+
+    def _begin(self, obs: Observation, target: int, kind: str, reason: Reason) -> Decision:
+        self._probe = _Probe(1 if target > self._limit else -1, self._limit, kind)
+        return self._change(obs, target, reason)
+
+    def _slow_start(self, obs: Observation, lo: int, hi: int) -> Decision:
+        top = self._top(obs, hi)
+        if self._ssthresh is not None:
+            top = min(top, self._ssthresh)
+        target = min(self._limit * 2, top)
+        if target <= self._limit:
+            self._phase = CRUISE
+            self._ssthresh = None
+            return self._cruise(obs, lo, hi)
+        return self._begin(obs, target, SLOW_START, Reason.SLOW_START)
+
+    def _climb(self, obs: Observation, lo: int, hi: int) -> Decision:
+        if not self._curve.settled(self._limit):
+            return self._hold(obs, Reason.SETTLING)  # the climb's base needs a settled reading
+        step = max(1, round(_CLIMB_STEP * self._limit))
+        target = min(self._limit + step, self._top(obs, hi))
+        if target <= self._limit:
+            self._phase = CRUISE
+            return self._cruise(obs, lo, hi)
+        return self._begin(obs, target, CLIMB, Reason.PROBE)
+
+    def _cruise(self, obs: Observation, lo: int, hi: int) -> Decision:
+        """Sit at the knee of the measured curve; every ``reprobe_s`` measure one step beside it."""
+        now = obs.now
+        self._phase = CRUISE
+        known = self._curve.weight(self._limit)
+        top = self._top(obs, hi)
+        target = self._knee_target(lo, top)
+        # A knee far below is plain from a first reading (slow start ran past it); anything else could
+        # be the noise of one reading, so it waits until this limit's point pools a few.
+        far_below = target is not None and target < (1 - _FAR) * self._limit
+        if not far_below and (known < 1 or (target is not None and known < _DWELL_READINGS)):
+            return self._hold(obs, Reason.SETTLING, knee=target)
+        if target is not None and target != self._limit:
+            self._detail["curve"] = self._curve.as_dict()
+            return self._change(obs, target, Reason.KNEE)
+        if self._next_probe_at is None:
+            self._next_probe_at = now + self.config.reprobe_s
+        if now < self._next_probe_at:
+            return self._hold(obs, Reason.STEADY, next_probe_in_s=round(self._next_probe_at - now, 1))
+        self._next_probe_at = None
+        step = max(1, round(self.config.probe_step_scale * math.sqrt(self._limit)))
+        if self._over_share(obs, top) and self._limit - step >= lo:
+            return self._change(obs, self._limit - step, Reason.FAIR_SHARE)
+        up, down = min(self._limit + step, top), max(self._limit - step, lo)
+        direction = self._next_direction
+        self._next_direction = -direction
+        if direction > 0 and up > self._limit or down == self._limit:
+            target = up
+        else:
+            target = down
+        if target == self._limit:
+            return self._hold(obs, Reason.AT_MAX if self._limit >= hi else Reason.CEILING)
+        return self._begin(obs, target, CRUISE, Reason.PROBE)
+
+    def _over_share(self, obs: Observation, top: int) -> bool:
+        """Whether this gateway should yield a step to others on the same backend: the backend is
+        full (no KV room left for a step up) and runs clearly more of our requests than of everyone
+        else's. Two gateways that each hold at their own knee would otherwise keep whatever split the
+        race at start-up gave them (each one's own curve rises with its share); yielding by additive
+        steps is what lets AIMD's fairness work between them."""
+        running, age = obs.backend_running, obs.backend_running_age_s
+        if running is None or age is None or age > self.config.metrics_stale_s or top > self._limit:
+            return False
+        others = running - obs.inflight
+        return others > 0 and obs.inflight > (1 + _FAIR_SLACK) * others
+
+    def _knee_target(self, lo: int, top: int) -> int | None:
+        """Where the curve says to sit, or None to stay: the knee plus ``knee_margin``, never past
+        the highest measured limit (exploring up is the climb's job). When even the lowest measured
+        limit reaches the knee's throughput, the knee may lie lower: step down a quarter to find out.
+        A dead band of a few percent keeps reading-to-reading noise from moving the limit."""
+        found = self._curve.knee(self.config.knee_fraction)
+        if found is None:
+            return None
+        knee, bracketed = found
+        if bracketed:
+            knee = math.ceil(knee * (1 + self.config.knee_margin) - 1e-9)
+        elif knee > lo:
+            return max(lo, math.floor(knee * (1 - _CLIMB_STEP)))
+        knee = min(max(knee, lo), top, max(self._curve.points))
+        if abs(knee - self._limit) <= max(1, round(_KNEE_DEAD_BAND * self._limit)) and self._limit <= top:
+            return None
+        return knee
+
+    def _judge(self, obs: Observation, rate: float, lo: int, hi: int) -> Decision:
+        """A step was measured (the curve already holds the reading): keep going, or settle."""
+        probe = self._probe
+        assert probe is not None
+        self._probe = None
+        now = obs.now
+        predicted = self._predict_tpot(self._limit, rate)
+        slo = self.config.tpot_p99_slo_s
+        if probe.direction > 0 and predicted is not None and slo is not None and predicted > slo:
+            fit = self._largest_within_tpot(probe.base_limit, self._limit, rate)
+            self._set_ceiling(now, self._limit - 1)
+            self._curve.forget_above(fit)
+            self._phase = CRUISE
+            self._ssthresh = None
+            return self._change(obs, fit, Reason.TPOT, Action.DECREASE)
+        if probe.kind == CRUISE or probe.direction < 0:
+            return self._cruise(obs, lo, hi)
+        paid = self._paid(probe.base_limit, self._limit, rate)
+        if probe.kind == SLOW_START:
+            return self._slow_start(obs, lo, hi) if paid else self._cruise(obs, lo, hi)
+        return self._climb(obs, lo, hi) if paid else self._cruise(obs, lo, hi)
+
+    def _blocked(self, obs: Observation, reason: Reason, hi: int) -> Decision:
+        """A step up ran into a headroom signal before it could be measured: undo it, and do not
+        retry that limit for a re-probe period. A slow-start doubling that was cut short means the top
+        of the curve lies between the two limits, so the search climbs there in smaller steps."""
+        probe = self._probe
+        assert probe is not None
+        self._probe = None
+        blocked_at = self._limit
+        self._ceiling = max(blocked_at - 1, self.config.limit_min)
+        self._ceiling_until = obs.now + self.config.reprobe_s
+        if probe.kind == SLOW_START and self._ssthresh is None:
+            self._phase = CLIMB
+        else:
+            self._phase = CRUISE
+            self._ssthresh = None
+        return self._change(obs, probe.base_limit, reason, Action.DECREASE)
+
+    def _paid(self, base_limit: int, limit: int, rate: float) -> bool:
+        """Whether the added slots earned at least ``marginal_gain_min`` of the average per-slot
+        throughput below them (the base's rate is the curve's pooled reading, not one sample)."""
+        base_rate = self._curve.rate(base_limit)
+        if base_rate is None or limit <= base_limit:
+            return False
+        marginal = (rate - base_rate) / (limit - base_limit)
+        average = base_rate / base_limit
+        self._detail.update(
+            base_limit=base_limit, base_tokens_per_s=round(base_rate, 2),
+            marginal_per_slot=round(marginal, 3), average_per_slot=round(average, 3),
+        )
+        if base_rate <= 0:
+            return rate > 0
+        return marginal >= self.config.marginal_gain_min * average
+
+    # --- p99 TPOT prediction ---------------------------------------------------------------------
+    def _calibrate(self, obs: Observation, bottleneck: bool) -> None:
+        """Learn p99 TPOT / (limit / tokens/s) over the window: the ratio of the slowest streams' token
+        interval to the mean per-slot interval (it absorbs prefill time and spread)."""
+        if not bottleneck or obs.tpot_p99 is None or obs.latency_samples < self.config.min_samples or obs.tokens_per_s <= 0:
+            return
+        mean_limit = self._history.mean(obs.now - obs.window_s, obs.now)
+        if not mean_limit:
+            return
+        point = obs.tpot_p99 / (mean_limit / obs.tokens_per_s)
+        old = self._tpot_scale
+        self._tpot_scale = point if old is None else old + _CALIBRATION_WEIGHT * (point - old)
+
+    def _predict_tpot(self, limit: int, rate: float) -> float | None:
+        if self._tpot_scale is None or rate <= 0:
+            return None
+        predicted = self._tpot_scale * limit / rate
+        self._detail["predicted_tpot_p99"] = round(predicted, 4)
+        return predicted
+
+    def _largest_within_tpot(self, base_limit: int, limit: int, rate: float) -> int:
+        """The largest limit between ``base_limit`` and ``limit`` whose predicted p99 TPOT meets the
+        objective, throughput interpolated linearly between the two readings."""
+        slo = self.config.tpot_p99_slo_s
+        scale = self._tpot_scale
+        base_rate = self._curve.rate(base_limit)
+        assert slo is not None and scale is not None
+        if base_rate is None:
+            return base_limit
+        best = base_limit
+        for candidate in range(base_limit + 1, limit):
+            t = base_rate + (rate - base_rate) * (candidate - base_limit) / (limit - base_limit)
+            if t > 0 and scale * candidate / t <= slo:
+                best = candidate
+        return best
+
+    # --- bookkeeping -----------------------------------------------------------------------------
+    def _track_steady(self, obs: Observation, bottleneck: bool) -> None:
+        """The limit has settled (time passed, excess in-flight drained) and was the bottleneck
+        since: from then on, throughput measures this limit."""
+        assert self._changed_at is not None
+        settled = obs.now - self._changed_at >= self.config.settle_s and obs.inflight <= self._limit
+        if not (settled and bottleneck):
+            self._steady_since = None
+        elif self._steady_since is None:
+            self._steady_since = obs.now
+
+    def _measurement(self, now: float) -> float | None:
+        """Throughput since the limit became steady, once ``measure_s`` of it exist; each reading is
+        taken once (the next one starts now), so readings pooled on the curve are independent."""
+        if self._steady_since is None or now - self._steady_since < self.config.measure_s - 1e-9:
+            return None
+        rate = self._meter.rate_since(self._steady_since)
+        if rate is not None:
+            self._reading_started, self._steady_since = self._steady_since, now
+        return rate
+
+    def _change(self, obs: Observation, limit: int, reason: Reason, action: Action | None = None) -> Decision:
+        previous = self._limit
+        if action is None:
+            action = Action.INCREASE if limit > previous else Action.DECREASE if limit < previous else Action.HOLD
+        if limit != previous:
+            self._limit = limit
+            self._readings_here = 0
+            self._changed_at = obs.now
+            self._steady_since = None
+            self._history.set(obs.now, limit)
+        return self._decision(obs, previous, action, reason)
+
+    def _hold(self, obs: Observation, reason: Reason, **detail: Any) -> Decision:
+        self._detail.update(detail)
+        return self._decision(obs, self._limit, Action.HOLD, reason)
+
+    def _decision(self, obs: Observation, previous: int, action: Action, reason: Reason) -> Decision:
+        inputs = obs.as_dict()
+        inputs.update(self._detail)
+        return Decision(obs.now, self._limit, previous, action, reason, self._phase, inputs)
+
+    def state(self) -> dict[str, Any]:
+        probe = self._probe
+        return {
+            "algorithm": "aimd",
+            "limit": self._limit,
+            "phase": self._phase,
+            "ssthresh": self._ssthresh,
+            "ceiling": self._ceiling,
+            "ceiling_until": self._ceiling_until if self._ceiling is not None else None,
+            "probe": None if probe is None else {
+                "direction": "up" if probe.direction > 0 else "down", "base_limit": probe.base_limit,
+                "kind": probe.kind,
+            },
+            "curve": self._curve.as_dict(),
+            "next_probe_at": self._next_probe_at,
+            "next_direction": "up" if self._next_direction > 0 else "down",
+            "last_decrease_at": self._last_decrease_at,
+            "steady_since": self._steady_since,
+            "tpot_p99_scale": None if self._tpot_scale is None else round(self._tpot_scale, 4),
+            "peak_reference_tokens_per_s": self._peak_reference,
+            "exact_throughput": self._meter.exact,
+            "signals": self._detector.state(),
+        }

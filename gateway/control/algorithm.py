@@ -1,0 +1,92 @@
+"""The interface between a limit algorithm and whoever runs it (the gateway, the scenario harness).
+
+As in Netflix's ``concurrency-limits``, the *algorithm* (which limit, and why) is separate from the
+*limiter* (who holds a permit): an algorithm is a value-in, value-out object, ``step(observation) ->
+decision``, with its clock carried by the observation. It never sleeps, never reads a clock, never does
+I/O, so tests drive it tick by tick and a decision can always be replayed from its inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol
+
+from gateway.control.observation import Observation
+
+
+class Action(str, Enum):
+    INCREASE = "increase"
+    DECREASE = "decrease"
+    HOLD = "hold"
+
+
+class Reason(str, Enum):
+    """Why the limit moved or stayed. The values are Prometheus label values and log fields: stable."""
+
+    # congestion: multiplicative decrease (at most one per window)
+    UPSTREAM_ERRORS = "upstream_errors"  # 5xx / connection failures / upstream timeouts
+    KV_USAGE = "kv_usage_high"  # the backend's KV cache is nearly full
+    PREEMPTIONS = "preemptions"  # the backend's preemption counter rose
+    GPU_MEMORY = "gpu_memory_low"  # NVML free memory under its floor
+    BACKEND_QUEUE = "backend_queue"  # the backend queued requests itself, persistently
+    TTFT = "ttft_slo"  # p99 TTFT (net of our queue) over its objective
+    TPOT = "tpot_slo"  # p99 TPOT over its objective (measured, or predicted for a probe)
+    # bounds
+    HARD_CAP = "hard_cap"  # above what the upstream can run at all (slots, KV capacity)
+    AT_MIN = "at_min"
+    AT_MAX = "at_max"
+    # searching for the knee
+    SLOW_START = "slow_start"  # doubling until the first sign of the knee or congestion
+    PROBE = "probe"  # trying one step up (or down) to see whether the slots pay
+    KNEE = "knee"  # stepping back: the probed slots did not pay (or the removed ones did)
+    # holding
+    STEADY = "steady"  # at the knee; the next probe is scheduled
+    SETTLING = "settling"  # the last change has not been measured yet
+    NO_DEMAND = "no_demand"  # the limit is not the bottleneck, so raising it would prove nothing
+    COOLDOWN = "cooldown"  # congested, but already decreased within this window
+    CEILING = "ceiling"  # the next step up would retry a limit that recently caused congestion
+    HEADROOM_NEAR = "headroom_near"  # a headroom signal is inside its hysteresis band
+    FAIR_SHARE = "fair_share"  # yielding a step to other clients of a full backend
+    START = "start"  # the first limit (initial setting or a sweep's sweet spot)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One tick's answer: the limit to apply now, what happened to it and why, and what it saw."""
+
+    now: float
+    limit: int
+    previous: int
+    action: Action
+    reason: Reason
+    phase: str
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return self.limit != self.previous
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "now": round(self.now, 3),
+            "limit": self.limit,
+            "previous": self.previous,
+            "action": self.action.value,
+            "reason": self.reason.value,
+            "phase": self.phase,
+            "inputs": self.inputs,
+        }
+
+
+class LimitAlgorithm(Protocol):
+    """A concurrency-limit algorithm: one ``step`` per control tick."""
+
+    @property
+    def limit(self) -> int: ...
+
+    def step(self, observation: Observation) -> Decision: ...
+
+    def state(self) -> dict[str, Any]:
+        """JSON-able internal state, for the controller's state view."""
+        ...

@@ -1,0 +1,160 @@
+"""Congestion signals: which thresholds an observation crosses, once they have *persisted*.
+
+A static threshold on a single scrape is how the Gateway API Inference Extension oscillates: one
+noisy reading over the line sheds load, the next under it adds it back. Here a threshold counts only
+after ``breach_ticks`` consecutive ticks over it (the backend queue after ``backend_queue_persist_s``),
+a reading older than ``metrics_stale_s`` is ignored rather than trusted (never fail closed on a scrape
+that stopped), and a signal that is over its line but not yet confirmed only *blocks increases*: that
+band is the hysteresis. Failures (5xx, upstream timeouts) and a rising preemption counter are facts,
+not noisy levels, so they count at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.control.algorithm import Reason
+from gateway.control.config import AimdConfig
+from gateway.control.observation import Observation
+
+# A latency decrease is sized by how far over its objective p99 is, but never halves the limit at
+# once: one window's p99 may still hold requests admitted at a higher limit.
+_LATENCY_FACTOR_FLOOR = 0.5
+# The NVML floor decreases again only when free memory has fallen further since the last decrease by
+# this much: preallocating servers (vLLM, llama-server) do not give memory back when we lower the
+# limit, so "still under the floor" alone would ratchet the limit down to its minimum.
+_GPU_FURTHER_DROP = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """A confirmed congestion signal: what, the measured value and its line, and the decrease factor."""
+
+    reason: Reason
+    value: float
+    threshold: float
+    factor: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {"reason": self.reason.value, "value": round(self.value, 4), "threshold": self.threshold,
+                "factor": round(self.factor, 3)}
+
+
+class CongestionDetector:
+    """Per-upstream signal state: persistence streaks, the last preemption count, and so on."""
+
+    def __init__(self, config: AimdConfig) -> None:
+        self.config = config
+        self._streak: dict[Reason, int] = {}
+        self._preemptions: float | None = None
+        self._waiting_since: float | None = None
+        self._gpu_free_at_decrease: float | None = None
+        self._pending: list[Reason] = []  # over their line, not yet confirmed
+
+    # --- freshness -------------------------------------------------------------------------------
+    def _fresh(self, age: float | None) -> bool:
+        return age is not None and age <= self.config.metrics_stale_s
+
+    def _persist(self, reason: Reason, over: bool) -> bool:
+        """Count consecutive ticks over the line; True once the streak reaches ``breach_ticks``."""
+        if not over:
+            self._streak.pop(reason, None)
+            return False
+        self._streak[reason] = self._streak.get(reason, 0) + 1
+        if self._streak[reason] >= self.config.breach_ticks:
+            return True
+        self._pending.append(reason)
+        return False
+
+    # --- the signals -----------------------------------------------------------------------------
+    def update(self, obs: Observation) -> list[Signal]:
+        """Evaluate every signal for this tick (call exactly once per tick); confirmed ones returned."""
+        cfg = self.config
+        self._pending = []
+        found: list[Signal] = []
+
+        if obs.completed > 0 and obs.failures > 0:
+            rate = obs.failures / obs.completed
+            if rate >= cfg.error_rate_max:
+                found.append(Signal(Reason.UPSTREAM_ERRORS, rate, cfg.error_rate_max, cfg.error_decrease_factor))
+
+        if self._fresh(obs.preemptions_age_s) and obs.preemptions_total is not None:
+            last, self._preemptions = self._preemptions, obs.preemptions_total
+            if last is not None and obs.preemptions_total > last:
+                found.append(Signal(Reason.PREEMPTIONS, obs.preemptions_total - last, 0.0, cfg.decrease_factor))
+
+        kv_fresh = self._fresh(obs.kv_usage_age_s) and obs.kv_usage is not None
+        kv = obs.kv_usage if kv_fresh and obs.kv_usage is not None else 0.0
+        if self._persist(Reason.KV_USAGE, kv_fresh and kv >= cfg.kv_usage_high):
+            found.append(Signal(Reason.KV_USAGE, kv, cfg.kv_usage_high, cfg.decrease_factor))
+
+        found.extend(self._gpu(obs))
+        found.extend(self._backend_queue(obs))
+
+        for reason, value, slo in (
+            (Reason.TTFT, obs.ttft_p99, cfg.ttft_p99_slo_s),
+            (Reason.TPOT, obs.tpot_p99, cfg.tpot_p99_slo_s),
+        ):
+            measured = slo is not None and value is not None and obs.latency_samples >= cfg.min_samples
+            over = measured and value > slo  # type: ignore[operator]
+            if self._persist(reason, over):
+                assert value is not None and slo is not None
+                factor = min(cfg.decrease_factor, max(_LATENCY_FACTOR_FLOOR, slo / value))
+                found.append(Signal(reason, value, slo, factor))
+        return found
+
+    def _gpu(self, obs: Observation) -> list[Signal]:
+        cfg = self.config
+        free = obs.gpu_memory_free_min
+        fresh = self._fresh(obs.gpus_age_s) and free is not None
+        if fresh and free is not None and free >= cfg.gpu_free_memory_floor:
+            self._gpu_free_at_decrease = None  # recovered: the next breach is new
+        if not self._persist(Reason.GPU_MEMORY, fresh and free is not None and free < cfg.gpu_free_memory_floor):
+            return []
+        assert free is not None
+        last = self._gpu_free_at_decrease
+        if last is not None and free > last - _GPU_FURTHER_DROP:
+            self._pending.append(Reason.GPU_MEMORY)  # not ours to reclaim: block increases only
+            return []
+        return [Signal(Reason.GPU_MEMORY, free, cfg.gpu_free_memory_floor, cfg.decrease_factor)]
+
+    def _backend_queue(self, obs: Observation) -> list[Signal]:
+        cfg = self.config
+        waiting = obs.backend_waiting
+        if not (self._fresh(obs.backend_waiting_age_s) and waiting is not None and waiting > 0):
+            self._waiting_since = None
+            return []
+        if self._waiting_since is None:
+            self._waiting_since = obs.now
+        queued_for = obs.now - self._waiting_since
+        if queued_for < cfg.backend_queue_persist_s:
+            if queued_for >= cfg.backend_queue_persist_s / 2:  # one scrape after an admission burst is normal
+                self._pending.append(Reason.BACKEND_QUEUE)
+            return []
+        return [Signal(Reason.BACKEND_QUEUE, float(waiting), 0.0, cfg.decrease_factor)]
+
+    # --- hysteresis ------------------------------------------------------------------------------
+    def blocking(self, obs: Observation) -> Reason | None:
+        """A signal inside its band (over its line but unconfirmed, or KV between resume and high):
+        no increase now, but no decrease either."""
+        if self._pending:
+            return self._pending[0]
+        kv_fresh = self._fresh(obs.kv_usage_age_s) and obs.kv_usage is not None
+        if kv_fresh and obs.kv_usage is not None and obs.kv_usage >= self.config.kv_usage_resume:
+            return Reason.KV_USAGE
+        return None
+
+    def decreased(self, obs: Observation, signal: Signal) -> None:
+        """The controller acted on ``signal``: remember what the next decrease must improve on."""
+        if signal.reason is Reason.GPU_MEMORY:
+            self._gpu_free_at_decrease = signal.value
+        if signal.reason is Reason.BACKEND_QUEUE:
+            self._waiting_since = obs.now  # the backend gets a full persistence period to drain
+
+    def state(self) -> dict[str, object]:
+        return {
+            "streaks": {reason.value: count for reason, count in self._streak.items()},
+            "pending": [reason.value for reason in self._pending],
+            "preemptions_seen": self._preemptions,
+            "backend_waiting_since": self._waiting_since,
+        }
