@@ -38,7 +38,8 @@ def summary_table(summaries: Sequence[PhaseSummary], *, width: int = 120) -> Tab
     for s in summaries:
         verdict = {PASS: f"[green]{s.verdict}[/]", MISS: f"[bold red]{s.verdict}[/]"}.get(s.verdict, s.verdict)
         cells = [
-            s.name, str(s.clients), _n(s.reference), f"{_n(s.limit_median, '{:g}')} ({_n(s.limit_min)}-{_n(s.limit_max)})",
+            s.name, str(s.clients), _n(s.reference),
+            f"{_n(s.limit_median, '{:g}')} ({_n(s.limit_min)}-{_n(s.limit_max)})",
             _n(s.ratio, "{:.2f}"), _n(None if s.in_band is None else s.in_band * 100, "{:.0f}%"),
             _n(s.inflight_median), _n(s.queued_median), _n(s.tokens_per_s_median), verdict,
         ]

@@ -65,7 +65,8 @@ class Script:
 
 DEFAULT_PHASES = (
     Phase("light", 4, 10.0, story="4 clients: the limit is not the bottleneck, so the controller holds"),
-    Phase("surge", 64, 25.0, story="64 clients: the excess waits in the gateway's queue, the backend stays at its sweet spot"),
+    Phase("surge", 64, 25.0,
+          story="64 clients: the excess waits in the gateway's queue, the backend stays at its sweet spot"),
     Phase("slow backend", 64, 25.0, speed_factor=2.0,
           story="every engine step takes twice as long: half the tokens/s at the same concurrency"),
     Phase("recovered", 64, 20.0, story="the backend is fast again"),
@@ -86,7 +87,9 @@ def default_workload(seed: int = 0) -> Workload:
 
 def scaled_slo(time_scale: float) -> SLO:
     """The real-time objectives as wall-clock objectives of a simulator running ``time_scale`` x."""
-    return SLO(ttft_ms=REAL_TIME_SLO.ttft_ms / time_scale, tpot_ms=REAL_TIME_SLO.tpot_ms / time_scale)  # type: ignore[operator]
+    ttft, tpot = REAL_TIME_SLO.ttft_ms, REAL_TIME_SLO.tpot_ms
+    assert ttft is not None and tpot is not None
+    return SLO(ttft_ms=ttft / time_scale, tpot_ms=tpot / time_scale)
 
 
 def gateway_env(time_scale: float) -> dict[str, str]:

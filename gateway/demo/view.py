@@ -114,7 +114,8 @@ class LiveView:
         grid.add_column()
         ref = "-" if self._reference is None else str(self._reference)
         rows = [
-            ("clients", f"{phase.clients}" + (f"   backend {phase.speed_factor:g}x slower" if phase.speed_factor != 1 else "")),
+            ("clients", f"{phase.clients}" + (f"   backend {phase.speed_factor:g}x slower"
+                                              if phase.speed_factor != 1 else "")),
             ("limit", f"{_n(s.limit if s else None)}   (reference sweet spot {ref})"),
             ("in-flight", _n(s.inflight if s else None)),
             ("queued", _n(s.queued if s else None)),
