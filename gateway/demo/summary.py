@@ -93,12 +93,18 @@ def summarize_phase(index: int, phase: Phase, samples: Sequence[Sample], referen
                 f"median limit {median:g} is {ratio:.2f} x the reference")
     else:
         verdict = NOT_JUDGED
-        inflight = _median([s.inflight for s in steady])
+        queued = _median([s.queued for s in steady]) or 0
         if ref is None:
             note = "no reference sweet spot to judge against"
+        elif median < phase.clients and queued > 0:
+            # Not the criterion (demand is under the sweet spot), but worth saying: the limit throttled
+            # a demand the backend could have taken.
+            note = (f"{phase.clients} clients < {DEMAND_MARGIN:g} x {ref}, yet the limit (median {median:g}) "
+                    f"sat below the demand: a median of {queued:g} requests queued in the gateway")
         else:
+            inflight = _median([s.inflight for s in steady])
             note = (f"{phase.clients} clients < {DEMAND_MARGIN:g} x {ref}: demand, not the limit, bounds "
-                    f"the backend (in-flight median {inflight if inflight is None else f'{inflight:g}'})")
+                    f"the backend (in-flight median {'-' if inflight is None else f'{inflight:g}'})")
     before = previous if previous is not None else (mine[0] if mine else None)
     last = mine[-1] if mine else None
     return PhaseSummary(

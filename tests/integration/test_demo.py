@@ -68,8 +68,15 @@ def test_quick_demo_runs_to_the_end_without_a_terminal(tmp_path: Path) -> None:
         assert phases[name]["judged"] and phases[name]["verdict"] in ("within", "outside"), phases[name]
         assert phases[name]["reference"] is not None and phases[name]["ratio"] is not None
     assert doc["passed"] == all(phases[n]["verdict"] == "within" for n in ("surge", "slow backend", "recovered"))
-    # the load really went through the gateway and reached the backend
+    # the controller ran, started at the sweep's sweet spot (--sweep-result), and did not drift up
+    # while 4 clients left the limit unused
     timeline = doc["timeline"]
+    assert doc["controller_seen"], "the gateway's /state showed no controller"
+    assert timeline[0]["limit"] == sweep.sweet_spot.concurrency, (timeline[0], sweep.sweet_spot)
+    light = [s for s in timeline if s["phase"] == 0]
+    assert {s["limit"] for s in light} == {sweep.sweet_spot.concurrency}, light
+    assert isinstance(doc["controller_decisions"], list) and doc["controller_decisions"]
+    # the load really went through the gateway and reached the backend
     assert max(s["queued"] or 0 for s in timeline) > 0, "64 clients over the limit must queue in the gateway"
     assert max(s["backend_running"] or 0 for s in timeline) > 0
     assert sum(1 for s in timeline if s["tokens_per_s"]) > len(timeline) / 2

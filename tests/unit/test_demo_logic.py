@@ -153,3 +153,12 @@ def test_summary_stops_at_the_last_phase_reached_and_flags_missing_limits() -> N
     samples = [row(t, 0, None, clients=4) for t in range(5)]
     summaries = summarize(phases, samples, refs)
     assert len(summaries) == 1 and summaries[0].verdict == NO_DATA
+
+
+def test_an_unjudged_phase_says_when_the_limit_throttled_a_demand_under_the_sweet_spot() -> None:
+    phases = DEFAULT.phases[-1:]  # calm: 16 clients
+    refs = [reference_for(sweep(), 1.0)]
+    samples = [row(t, 0, 13, clients=16, inflight=13, queued=3) for t in range(10)]
+    (calm,) = summarize(phases, samples, refs)
+    assert calm.verdict == NOT_JUDGED
+    assert "sat below the demand" in calm.note and "3 requests queued" in calm.note
