@@ -99,6 +99,9 @@ class BackendScraper:
         self._session = None
 
     async def _get(self, path: str) -> _Fetch:
+        """One GET. A pooled connection the server already closed (llama-server closes its side after
+        every streamed response, while announcing keep-alive) is retried by aiohttp itself, which
+        retries idempotent requests once on a fresh connection."""
         if self._session is None:
             self._session = aiohttp.ClientSession()
         try:
