@@ -43,11 +43,13 @@ SLOW_START = "slow_start"  # doubling from the start (or back towards the last g
 CLIMB = "climb"  # a doubling ran into headroom: climbing to the top of the curve in quarter steps
 CRUISE = "cruise"  # at the knee, with a probe beside it every re-probe period
 _FAIR_SLACK = 0.25  # holding this much more than everyone else on a full backend: yield a step
+_CLIMB_EVERY = 3  # every third up-probe is climb-sized, to keep the top of the curve fresh
 _CLIMB_STEP = 0.25  # climb steps are a quarter of the limit: a step's gain must stand out of the noise
 _DWELL_READINGS = 3  # settled readings at a limit before the curve may move it a little
 _FAR = 0.2  # ... but a knee this far below (share of the limit) is acted on after one reading
 _KNEE_DEAD_BAND = 0.05  # the knee must move by more than this share of the limit to move the limit
 _KV_ROOM_SHARE = 0.75  # an increase takes at most this share of the KV room left under kv_usage_resume
+_MAX_SPAN_STRETCH = 3.0  # readings last at most this many times measure_s on a slow backend
 _CALIBRATION_WEIGHT = 0.3  # EWMA weight of a new p99-TPOT calibration point
 
 
@@ -80,6 +82,10 @@ class Aimd:
         self._curve = Curve()
         self._readings_here = 0  # readings taken since the limit last changed
         self._reading_started = 0.0
+        self._up_probes = 0  # up-probes since the last climb-sized one
+        self._reclimb = False  # the next up-probe is climb-sized (the curve was just rescaled)
+        self._last_rate = 0.0  # the latest reading (tokens/s)
+        self._peak_rate = 0.0  # the highest reading ever: the reference a reading's length scales to
         self._detector = CongestionDetector(config)
         self._meter = ThroughputMeter()
         self._history = LimitHistory()
@@ -119,6 +125,8 @@ class Aimd:
             if self._probe is not None and self._probe.direction > 0:
                 return self._blocked(obs, blocked, hi)
             return self._hold(obs, Reason.HEADROOM_NEAR, signal=blocked.value)
+        if self._phase == SLOW_START and self._ssthresh is not None:
+            return self._recover(obs, lo, hi)
         rate = self._measurement(now)
         if rate is None:
             return self._hold(obs, Reason.SETTLING)
@@ -129,6 +137,8 @@ class Aimd:
             # The same limit now gives a different throughput: the backend got slower or faster, or
             # the mix changed. The curve's shape, and so the knee, is kept until readings say otherwise.
             self._detail["curve_rescaled"] = True
+            if self._phase == CRUISE:  # re-measure the top soon: the old readings only stand in for it
+                self._next_probe_at, self._next_direction, self._reclimb = now, 1, True
         if self._probe is not None:
             if not settled and self._probe.kind != SLOW_START:
                 return self._hold(obs, Reason.SETTLING, first_reading=True)
@@ -229,6 +239,16 @@ class Aimd:
             return self._cruise(obs, lo, hi)
         return self._begin(obs, target, SLOW_START, Reason.SLOW_START)
 
+    def _recover(self, obs: Observation, lo: int, hi: int) -> Decision:
+        """After failures: double back towards the last good limit every settle period while the
+        window stays free of failures. The curve from before still holds, so nothing needs measuring;
+        the only question is whether the failures are over, and they show within seconds."""
+        assert self._changed_at is not None
+        self._probe = None
+        if obs.failures or obs.now - self._changed_at < self.config.settle_s:
+            return self._hold(obs, Reason.SETTLING, recovering_to=self._ssthresh)
+        return self._slow_start(obs, lo, hi)
+
     def _climb(self, obs: Observation, lo: int, hi: int) -> Decision:
         if not self._curve.settled(self._limit):
             return self._hold(obs, Reason.SETTLING)  # the climb's base needs a settled reading
@@ -239,8 +259,10 @@ class Aimd:
             return self._cruise(obs, lo, hi)
         return self._begin(obs, target, CLIMB, Reason.PROBE)
 
-    def _cruise(self, obs: Observation, lo: int, hi: int) -> Decision:
-        """Sit at the knee of the measured curve; every ``reprobe_s`` measure one step beside it."""
+    def _cruise(self, obs: Observation, lo: int, hi: int, *, probed: bool = False) -> Decision:
+        """Sit at the knee of the measured curve; every ``reprobe_s`` measure one step beside it.
+        ``probed``: a probe just got its reading, and the knee is read off the curve right away (it
+        went there only to measure)."""
         now = obs.now
         self._phase = CRUISE
         known = self._curve.weight(self._limit)
@@ -249,7 +271,7 @@ class Aimd:
         # A knee far below is plain from a first reading (slow start ran past it); anything else could
         # be the noise of one reading, so it waits until this limit's point pools a few.
         far_below = target is not None and target < (1 - _FAR) * self._limit
-        if not far_below and (known < 1 or (target is not None and known < _DWELL_READINGS)):
+        if not far_below and not probed and (known < 1 or (target is not None and known < _DWELL_READINGS)):
             return self._hold(obs, Reason.SETTLING, knee=target)
         if target is not None and target != self._limit:
             self._detail["curve"] = self._curve.as_dict()
@@ -266,6 +288,13 @@ class Aimd:
         direction = self._next_direction
         self._next_direction = -direction
         if direction > 0 and up > self._limit or down == self._limit:
+            self._up_probes += 1
+            if self._up_probes >= _CLIMB_EVERY or self._reclimb:
+                # Now and then (and first after the backend changed) look further up than one step:
+                # the top of the curve is what the knee is measured against, and it goes stale.
+                self._up_probes, self._reclimb = 0, False
+                climb = min(max(self._limit + step, self._limit + round(_CLIMB_STEP * self._limit)), top)
+                return self._begin(obs, climb, CLIMB, Reason.PROBE)
             target = up
         else:
             target = down
@@ -319,11 +348,11 @@ class Aimd:
             self._ssthresh = None
             return self._change(obs, fit, Reason.TPOT, Action.DECREASE)
         if probe.kind == CRUISE or probe.direction < 0:
-            return self._cruise(obs, lo, hi)
+            return self._cruise(obs, lo, hi, probed=True)
         paid = self._paid(probe.base_limit, self._limit, rate)
         if probe.kind == SLOW_START:
-            return self._slow_start(obs, lo, hi) if paid else self._cruise(obs, lo, hi)
-        return self._climb(obs, lo, hi) if paid else self._cruise(obs, lo, hi)
+            return self._slow_start(obs, lo, hi) if paid else self._cruise(obs, lo, hi, probed=True)
+        return self._climb(obs, lo, hi) if paid else self._cruise(obs, lo, hi, probed=True)
 
     def _blocked(self, obs: Observation, reason: Reason, hi: int) -> Decision:
         """A step up ran into a headroom signal before it could be measured: undo it, and do not
@@ -408,17 +437,30 @@ class Aimd:
     def _measurement(self, now: float) -> float | None:
         """Throughput since the limit became steady, once ``measure_s`` of it exist; each reading is
         taken once (the next one starts now), so readings pooled on the curve are independent."""
-        if self._steady_since is None or now - self._steady_since < self.config.measure_s - 1e-9:
+        # Slow start's first reading at a doubled limit only has to tell doubling from not: half as long
+        # keeps the time spent past a cliff short.
+        span = self.config.measure_s
+        if self._probe is not None and self._probe.kind == SLOW_START and self._readings_here == 0:
+            span /= 2
+        elif self._last_rate:
+            # A slower backend streams fewer tokens (and admits fewer prompts) per second, so the
+            # same reading time is noisier: lengthen readings to keep their token count.
+            span *= min(_MAX_SPAN_STRETCH, max(1.0, self._peak_rate / self._last_rate))
+        if self._steady_since is None or now - self._steady_since < span - 1e-9:
             return None
         rate = self._meter.rate_since(self._steady_since)
         if rate is not None:
             self._reading_started, self._steady_since = self._steady_since, now
+            self._last_rate = rate
+            self._peak_rate = max(self._peak_rate, rate)
         return rate
 
     def _change(self, obs: Observation, limit: int, reason: Reason, action: Action | None = None) -> Decision:
         previous = self._limit
         if action is None:
             action = Action.INCREASE if limit > previous else Action.DECREASE if limit < previous else Action.HOLD
+        if limit > previous:
+            self._detector.increased(obs.now)
         if limit != previous:
             self._limit = limit
             self._readings_here = 0

@@ -34,7 +34,7 @@ class AimdConfig:
     # the knee search
     marginal_gain_min: float = 0.1
     knee_fraction: float = 0.97
-    knee_margin: float = 0.05
+    knee_margin: float = 0.1
     probe_step_scale: float = 0.5
     settle_s: float = 2.0
     measure_s: float = 6.0

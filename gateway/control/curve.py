@@ -35,7 +35,6 @@ class Curve:
         self.shift = shift  # relative deviation from expectation that means "the world changed"
         self.points: dict[int, Point] = {}
         self._deviation = 0  # consecutive deviating settled readings, signed by direction
-        self._deviation_since = 0.0  # when the first of them started
 
     def _expected(self, limit: int) -> tuple[float, float, float] | None:
         """(low, mid, high) of what a reading at ``limit`` should be, from the curve as it is."""
@@ -69,12 +68,14 @@ class Curve:
             if expected is not None and not expected[0] <= rate <= expected[2]:
                 direction = 1 if rate > expected[2] else -1
                 if self._deviation * direction <= 0:
-                    self._deviation, self._deviation_since = 0, now
+                    self._deviation = 0
                 self._deviation += direction
                 if abs(self._deviation) < 2:
                     return False  # one reading can be a transient: a prefill burst, a recompute
-                self.rescale(rate / expected[1], before=self._deviation_since)
-                self.points[limit] = Point(rate, 1.0, 1, now, True)
+                # The readings that revealed the change straddle it (requests of the old mix still
+                # finishing): they give the factor, and the curve, this limit's point included, is
+                # measured again from here on.
+                self.rescale(rate / expected[1], before=now + 1)
                 self._deviation = 0
                 return True
             self._deviation = 0
@@ -93,12 +94,14 @@ class Curve:
 
     def rescale(self, factor: float, *, before: float = math.inf) -> None:
         """Scale every reading taken before ``before`` (those after it already saw the new backend).
-        Scaled readings keep their place but weigh as one reading, so the next readings at their
-        limits correct them quickly if the change was not uniform (a mix shift moves the cliff too)."""
+        Scaled readings count as first readings: they stand in until readings at their limits come
+        in, and near settled readings they give way (a mix shift changes the shape too, not only the
+        scale, so the old top must not decide where the new knee is)."""
         for point in self.points.values():
             if point.at < before:
                 point.mean *= factor
                 point.weight = min(point.weight, 1.0)
+                point.settled = False
 
     def settled(self, limit: int) -> bool:
         point = self.points.get(limit)

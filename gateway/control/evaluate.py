@@ -22,7 +22,7 @@ from gateway.control.harness import Conditions, Finished, Harness
 from gateway.control.window import Outcome, RequestSample, percentile
 from gateway.sim.profiles import get_profile
 
-SWEET_FRACTION = 0.95
+SWEET_FRACTION = 0.97
 STATIC_WARMUP_S = 20.0
 STATIC_MEASURE_S = 40.0
 STATIC_WARMUP_LIMIT_S = 300.0

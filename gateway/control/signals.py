@@ -144,6 +144,12 @@ class CongestionDetector:
             return Reason.KV_USAGE
         return None
 
+    def increased(self, now: float) -> None:
+        """The limit just rose: the admitted burst waits in the backend for a step or two, which is
+        not the persistent queue this signal is about; time it from when the burst is absorbed."""
+        if self._waiting_since is not None:
+            self._waiting_since = now
+
     def decreased(self, obs: Observation, signal: Signal) -> None:
         """The controller acted on ``signal``: remember what the next decrease must improve on."""
         if signal.reason is Reason.GPU_MEMORY:
