@@ -177,9 +177,10 @@ class Settings(BaseSettings):
         "The last 3% of throughput costs roughly a third more concurrency (latency, KV) on a typical curve.",
     )
     knee_margin: float = Field(
-        0.05, ge=0, le=1,
-        description="The limit sits this much above the knee: a few percent of headroom against reading noise, "
-        "since just below the knee a lost slot costs throughput and just above it only a little latency.",
+        0.1, ge=0, le=1,
+        description="The limit sits this much above the knee: headroom against reading noise, since just below "
+        "the knee a lost slot costs throughput and just above it only a little latency (and the best the "
+        "controller measures, below the KV cliff, is a little under the true peak).",
     )
     probe_step_scale: float = Field(
         0.5, gt=0,
