@@ -1,29 +1,30 @@
 """The AIMD limit algorithm: find the knee of the upstream's throughput curve and hold it there.
 
-Each tick, in this order (the first rule that applies decides):
+Each tick, the first rule that applies decides:
 
-1. **Bounds.** Never above ``limit_max`` or the upstream's hard cap (llama-server slots, vLLM KV capacity).
-2. **Congestion** (:mod:`gateway.control.signals`): multiplicative decrease, at most once per window.
-   Failures halve the limit and restart slow start towards the last good limit (as TCP does after a
-   loss); headroom and latency breaches cut by ``decrease_factor`` (latency: in proportion to the
-   overshoot) and leave a *ceiling* at the congested limit that probes may not retry for two re-probe
-   periods (hysteresis: no sawtooth back into the same wall).
-3. **No demand**: when nothing queued and in-flight never reached the limit, hold. Raising an unused
-   limit proves nothing, so an idle gateway never drifts upward.
-4. **Hysteresis band**: a signal over its line but not yet confirmed blocks increases.
-5. **The knee search**, judged on throughput *measured at one limit* (:mod:`gateway.control.meter`),
-   after the change has settled. Slow start doubles while each doubling pays; then probes step by
-   ``max(1, round(probe_step_scale * sqrt(limit)))``. A step up is kept only when the added slots
-   paid: marginal tokens/s per added slot >= ``marginal_gain_min`` x the average per slot below. A
-   step down is kept when the removed slots did not pay. Unpaid steps are undone, and the next probe
-   (in the other direction) waits ``reprobe_s``, so a backend that got faster is found again. A step up
-   whose measured per-stream token rate predicts p99 TPOT over its objective is undone at once, before
-   any of its slow requests finish (the overshoot a finish-time-only signal would allow).
+1. **Bounds**: never above ``limit_max`` or the upstream's hard cap (llama-server slots, KV capacity).
+2. **Congestion** (:mod:`gateway.control.signals`): multiplicative decrease, at most once per window
+   and never while requests admitted under a higher limit still drain. Failures halve the limit and
+   double back towards the last good one once the window is clean (TCP's loss recovery); headroom and
+   latency breaches cut by ``decrease_factor`` (latency in proportion to the overshoot), or undo the
+   step that caused them, and leave a *ceiling* that is not retried for two re-probe periods.
+3. **No demand**: nothing queued and in-flight never reached the limit: hold (no idle drift).
+4. **Hysteresis**: a signal over its line but not yet confirmed, or KV usage above
+   ``kv_usage_resume``, blocks increases and undoes a step up not yet measured.
+5. **The knee**, from throughput *read at one limit* (:mod:`gateway.control.meter`) after it settled,
+   pooled per limit on a curve (:mod:`gateway.control.curve`). Slow start doubles while a doubling
+   pays (marginal tokens/s per added slot >= ``marginal_gain_min`` x the average below); a climb in
+   quarter steps does the same once a doubling was cut short. Then the limit sits at the knee: the
+   smallest limit reaching ``knee_fraction`` of the best measured throughput, plus ``knee_margin``. Every
+   ``reprobe_s`` one step beside it is measured (alternately up and down, every third step up
+   climb-sized), so the curve, and a backend that got faster or slower, are found again. Steps up
+   never take more than 3/4 of the KV room left (:mod:`gateway.control.capacity`), and a step whose
+   reading predicts p99 TPOT over its objective (:mod:`gateway.control.tpot`) is undone at once.
 
 Why throughput and not end-to-end latency: an LLM request's duration grows with its output length, so
 latency-gradient algorithms (Envoy's adaptive concurrency, Netflix Gradient2) read a shift to longer
 answers as congestion, or adapt their baseline to real overload and creep upward. Tokens/s at a limit,
-TTFT and TPOT are per-token quantities that do not.
+TTFT and TPOT are per-token quantities that do not. ``docs/controller.md`` has the whole story.
 """
 
 from __future__ import annotations
@@ -34,23 +35,22 @@ from typing import Any
 
 from gateway.control.algorithm import Action, Decision, Reason
 from gateway.control.config import AimdConfig, StartPoint
+from gateway.control.capacity import kv_room, over_share
 from gateway.control.curve import Curve
-from gateway.control.meter import LimitHistory, ThroughputMeter
+from gateway.control.meter import ThroughputMeter
 from gateway.control.observation import Observation
 from gateway.control.signals import CongestionDetector, Signal
+from gateway.control.tpot import TpotPredictor
 
 SLOW_START = "slow_start"  # doubling from the start (or back towards the last good limit after failures)
 CLIMB = "climb"  # a doubling ran into headroom: climbing to the top of the curve in quarter steps
 CRUISE = "cruise"  # at the knee, with a probe beside it every re-probe period
-_FAIR_SLACK = 0.25  # holding this much more than everyone else on a full backend: yield a step
 _CLIMB_EVERY = 3  # every third up-probe is climb-sized, to keep the top of the curve fresh
 _CLIMB_STEP = 0.25  # climb steps are a quarter of the limit: a step's gain must stand out of the noise
 _DWELL_READINGS = 3  # settled readings at a limit before the curve may move it a little
 _FAR = 0.2  # ... but a knee this far below (share of the limit) is acted on after one reading
 _KNEE_DEAD_BAND = 0.05  # the knee must move by more than this share of the limit to move the limit
-_KV_ROOM_SHARE = 0.75  # an increase takes at most this share of the KV room left under kv_usage_resume
 _MAX_SPAN_STRETCH = 3.0  # readings last at most this many times measure_s on a slow backend
-_CALIBRATION_WEIGHT = 0.3  # EWMA weight of a new p99-TPOT calibration point
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,6 @@ class Aimd:
         self._last_decrease_at: float | None = None
         self._ceiling: int | None = None
         self._ceiling_until = 0.0
-        self._tpot_scale: float | None = None
         self._curve = Curve()
         self._readings_here = 0  # readings taken since the limit last changed
         self._reading_started = 0.0
@@ -88,8 +87,9 @@ class Aimd:
         self._peak_rate = 0.0  # the highest reading ever: the reference a reading's length scales to
         self._detector = CongestionDetector(config)
         self._meter = ThroughputMeter()
-        self._history = LimitHistory()
+        self._tpot = TpotPredictor(config.min_samples)
         self._detail: dict[str, Any] = {}
+        self._blocked_by: Reason | None = None
 
     @property
     def limit(self) -> int:
@@ -101,10 +101,10 @@ class Aimd:
         self._detail = {}
         if self._changed_at is None:
             self._changed_at = now
-            self._history.set(now, self._limit)
+            self._tpot.limit_set(now, self._limit)
         self._meter.record(now, obs.tokens_total, obs.tokens_per_s, obs.window_s)
         bottleneck = obs.queue_depth > 0 or obs.peak_inflight >= self._limit
-        self._calibrate(obs, bottleneck)
+        self._tpot.calibrate(obs, bottleneck)
         signals = self._detector.update(obs)
         self._track_steady(obs, bottleneck)
         hi = self.config.limit_max if obs.hard_cap is None else min(self.config.limit_max, obs.hard_cap)
@@ -121,10 +121,11 @@ class Aimd:
         if not bottleneck:
             return self._hold(obs, Reason.NO_DEMAND)
         blocked = self._detector.blocking(obs)
+        self._blocked_by = blocked
         if blocked is not None:
+            self._detail["blocked_by"] = blocked.value
             if self._probe is not None and self._probe.direction > 0:
-                return self._blocked(obs, blocked, hi)
-            return self._hold(obs, Reason.HEADROOM_NEAR, signal=blocked.value)
+                return self._blocked(obs, blocked)
         if self._phase == SLOW_START and self._ssthresh is not None:
             return self._recover(obs, lo, hi)
         rate = self._measurement(now)
@@ -205,24 +206,14 @@ class Aimd:
     # --- the knee search -------------------------------------------------------------------------
     def _top(self, obs: Observation, hi: int) -> int:
         """The highest limit an increase may go to now: bounds, the ceiling, and the KV cache's room."""
+        if self._blocked_by is not None:
+            return self._limit  # inside a signal's hysteresis band: no increase at all
         ceiling = self._ceiling_at(obs.now)
         top = hi if ceiling is None else max(min(hi, ceiling), self.config.limit_min)
-        room = self._kv_room(obs)
+        room = kv_room(obs, self.config)
         if room is not None:
             top = min(top, max(self._limit + room, self._limit))
         return top
-
-    def _kv_room(self, obs: Observation) -> int | None:
-        """How many more sequences fit before KV usage reaches ``kv_usage_resume``, at the KV each
-        running sequence holds now: a step sized by it stops short of the cliff instead of finding it
-        by preempting (KV grows with concurrency x context, and all of it is needed at once)."""
-        kv, running = obs.kv_usage, obs.backend_running
-        age = obs.kv_usage_age_s
-        if kv is None or not running or kv <= 0 or age is None or age > self.config.metrics_stale_s:
-            return None
-        per_sequence = kv / running
-        # Not all the room: sequences admitted a moment ago hold only their prompt yet, and will grow.
-        return math.floor(_KV_ROOM_SHARE * (self.config.kv_usage_resume - kv) / per_sequence)
 
     def _begin(self, obs: Observation, target: int, kind: str, reason: Reason) -> Decision:
         self._probe = _Probe(1 if target > self._limit else -1, self._limit, kind)
@@ -276,15 +267,19 @@ class Aimd:
         if target is not None and target != self._limit:
             self._detail["curve"] = self._curve.as_dict()
             return self._change(obs, target, Reason.KNEE)
-        if self._next_probe_at is None:
-            self._next_probe_at = now + self.config.reprobe_s
-        if now < self._next_probe_at:
+        if not self._due(now):
+            assert self._next_probe_at is not None
             return self._hold(obs, Reason.STEADY, next_probe_in_s=round(self._next_probe_at - now, 1))
+        yielded = self._yield(obs, lo, room_to_grow=top > self._limit)
+        if yielded is not None:
+            return yielded
         self._next_probe_at = None
-        step = max(1, round(self.config.probe_step_scale * math.sqrt(self._limit)))
-        if self._over_share(obs, top) and self._limit - step >= lo:
-            return self._change(obs, self._limit - step, Reason.FAIR_SHARE)
-        up, down = min(self._limit + step, top), max(self._limit - step, lo)
+        step = self._probe_step()
+        # Down-probes measure where the knee itself is estimated to be (the limit sits a margin above
+        # it), since the estimate between two far-apart readings is the least certain part.
+        found = self._curve.knee(self.config.knee_fraction)
+        crossing = found[0] if found is not None else self._limit - step
+        up, down = min(self._limit + step, top), max(min(self._limit - step, crossing), lo)
         direction = self._next_direction
         self._next_direction = -direction
         if direction > 0 and up > self._limit or down == self._limit:
@@ -299,20 +294,25 @@ class Aimd:
         else:
             target = down
         if target == self._limit:
-            return self._hold(obs, Reason.AT_MAX if self._limit >= hi else Reason.CEILING)
+            return self._hold(obs, Reason.AT_MAX if self._limit >= hi else Reason.CEILING)  # see _hold
         return self._begin(obs, target, CRUISE, Reason.PROBE)
 
-    def _over_share(self, obs: Observation, top: int) -> bool:
-        """Whether this gateway should yield a step to others on the same backend: the backend is
-        full (no KV room left for a step up) and runs clearly more of our requests than of everyone
-        else's. Two gateways that each hold at their own knee would otherwise keep whatever split the
-        race at start-up gave them (each one's own curve rises with its share); yielding by additive
-        steps is what lets AIMD's fairness work between them."""
-        running, age = obs.backend_running, obs.backend_running_age_s
-        if running is None or age is None or age > self.config.metrics_stale_s or top > self._limit:
-            return False
-        others = running - obs.inflight
-        return others > 0 and obs.inflight > (1 + _FAIR_SLACK) * others
+    def _due(self, now: float) -> bool:
+        """Whether the next probe (or yield) is due; schedules one if none is."""
+        if self._next_probe_at is None:
+            self._next_probe_at = now + self.config.reprobe_s
+        return now >= self._next_probe_at
+
+    def _probe_step(self) -> int:
+        return max(1, round(self.config.probe_step_scale * math.sqrt(self._limit)))
+
+    def _yield(self, obs: Observation, lo: int, *, room_to_grow: bool) -> Decision | None:
+        """Give a probe step back to the others on a full, shared backend (see ``capacity.over_share``)."""
+        step = self._probe_step()
+        if not over_share(obs, self.config, room_to_grow=room_to_grow) or self._limit - step < lo:
+            return None
+        self._next_probe_at = obs.now + self.config.reprobe_s
+        return self._change(obs, self._limit - step, Reason.FAIR_SHARE)
 
     def _knee_target(self, lo: int, top: int) -> int | None:
         """Where the curve says to sit, or None to stay: the knee plus ``knee_margin``, never past
@@ -338,10 +338,14 @@ class Aimd:
         assert probe is not None
         self._probe = None
         now = obs.now
-        predicted = self._predict_tpot(self._limit, rate)
+        predicted = self._tpot.predict(self._limit, rate)
         slo = self.config.tpot_p99_slo_s
+        base_rate = self._curve.rate(probe.base_limit)
+        if predicted is not None:
+            self._detail["predicted_tpot_p99"] = round(predicted, 4)
         if probe.direction > 0 and predicted is not None and slo is not None and predicted > slo:
-            fit = self._largest_within_tpot(probe.base_limit, self._limit, rate)
+            fit = probe.base_limit if base_rate is None else self._tpot.largest_within(
+                slo, probe.base_limit, base_rate, self._limit, rate)
             self._set_ceiling(now, self._limit - 1)
             self._curve.forget_above(fit)
             self._phase = CRUISE
@@ -354,7 +358,7 @@ class Aimd:
             return self._slow_start(obs, lo, hi) if paid else self._cruise(obs, lo, hi, probed=True)
         return self._climb(obs, lo, hi) if paid else self._cruise(obs, lo, hi, probed=True)
 
-    def _blocked(self, obs: Observation, reason: Reason, hi: int) -> Decision:
+    def _blocked(self, obs: Observation, reason: Reason) -> Decision:
         """A step up ran into a headroom signal before it could be measured: undo it, and do not
         retry that limit for a re-probe period. A slow-start doubling that was cut short means the top
         of the curve lies between the two limits, so the search climbs there in smaller steps."""
@@ -386,42 +390,6 @@ class Aimd:
         if base_rate <= 0:
             return rate > 0
         return marginal >= self.config.marginal_gain_min * average
-
-    # --- p99 TPOT prediction ---------------------------------------------------------------------
-    def _calibrate(self, obs: Observation, bottleneck: bool) -> None:
-        """Learn p99 TPOT / (limit / tokens/s) over the window: the ratio of the slowest streams' token
-        interval to the mean per-slot interval (it absorbs prefill time and spread)."""
-        if not bottleneck or obs.tpot_p99 is None or obs.latency_samples < self.config.min_samples or obs.tokens_per_s <= 0:
-            return
-        mean_limit = self._history.mean(obs.now - obs.window_s, obs.now)
-        if not mean_limit:
-            return
-        point = obs.tpot_p99 / (mean_limit / obs.tokens_per_s)
-        old = self._tpot_scale
-        self._tpot_scale = point if old is None else old + _CALIBRATION_WEIGHT * (point - old)
-
-    def _predict_tpot(self, limit: int, rate: float) -> float | None:
-        if self._tpot_scale is None or rate <= 0:
-            return None
-        predicted = self._tpot_scale * limit / rate
-        self._detail["predicted_tpot_p99"] = round(predicted, 4)
-        return predicted
-
-    def _largest_within_tpot(self, base_limit: int, limit: int, rate: float) -> int:
-        """The largest limit between ``base_limit`` and ``limit`` whose predicted p99 TPOT meets the
-        objective, throughput interpolated linearly between the two readings."""
-        slo = self.config.tpot_p99_slo_s
-        scale = self._tpot_scale
-        base_rate = self._curve.rate(base_limit)
-        assert slo is not None and scale is not None
-        if base_rate is None:
-            return base_limit
-        best = base_limit
-        for candidate in range(base_limit + 1, limit):
-            t = base_rate + (rate - base_rate) * (candidate - base_limit) / (limit - base_limit)
-            if t > 0 and scale * candidate / t <= slo:
-                best = candidate
-        return best
 
     # --- bookkeeping -----------------------------------------------------------------------------
     def _track_steady(self, obs: Observation, bottleneck: bool) -> None:
@@ -466,10 +434,12 @@ class Aimd:
             self._readings_here = 0
             self._changed_at = obs.now
             self._steady_since = None
-            self._history.set(obs.now, limit)
+            self._tpot.limit_set(obs.now, limit)
         return self._decision(obs, previous, action, reason)
 
     def _hold(self, obs: Observation, reason: Reason, **detail: Any) -> Decision:
+        if self._blocked_by is not None and reason in (Reason.STEADY, Reason.CEILING, Reason.AT_MAX):
+            reason = Reason.HEADROOM_NEAR  # what holds it there is the signal in its band
         self._detail.update(detail)
         return self._decision(obs, self._limit, Action.HOLD, reason)
 
@@ -496,7 +466,7 @@ class Aimd:
             "next_direction": "up" if self._next_direction > 0 else "down",
             "last_decrease_at": self._last_decrease_at,
             "steady_since": self._steady_since,
-            "tpot_p99_scale": None if self._tpot_scale is None else round(self._tpot_scale, 4),
+            "tpot_p99_scale": None if self._tpot.scale is None else round(self._tpot.scale, 4),
             "peak_reference_tokens_per_s": self._peak_reference,
             "exact_throughput": self._meter.exact,
             "signals": self._detector.state(),

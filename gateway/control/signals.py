@@ -20,6 +20,7 @@ from gateway.control.observation import Observation
 # A latency decrease is sized by how far over its objective p99 is, but never halves the limit at
 # once: one window's p99 may still hold requests admitted at a higher limit.
 _LATENCY_FACTOR_FLOOR = 0.5
+_KV_FACTOR_FLOOR = 0.5
 # The NVML floor decreases again only when free memory has fallen further since the last decrease by
 # this much: preallocating servers (vLLM, llama-server) do not give memory back when we lower the
 # limit, so "still under the floor" alone would ratchet the limit down to its minimum.
@@ -86,7 +87,10 @@ class CongestionDetector:
         kv_fresh = self._fresh(obs.kv_usage_age_s) and obs.kv_usage is not None
         kv = obs.kv_usage if kv_fresh and obs.kv_usage is not None else 0.0
         if self._persist(Reason.KV_USAGE, kv_fresh and kv >= cfg.kv_usage_high):
-            found.append(Signal(Reason.KV_USAGE, kv, cfg.kv_usage_high, cfg.decrease_factor))
+            # KV usage is proportional to the sequences running: cut to where it would be back at
+            # kv_usage_resume, not by a fixed fifth (near a KV-bound backend's best, that is a lot).
+            factor = max(_KV_FACTOR_FLOOR, cfg.kv_usage_resume / kv)
+            found.append(Signal(Reason.KV_USAGE, kv, cfg.kv_usage_high, factor))
 
         found.extend(self._gpu(obs))
         found.extend(self._backend_queue(obs))

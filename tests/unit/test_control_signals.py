@@ -1,0 +1,142 @@
+"""Congestion signals, one rule at a time, from hand-built observations on a fake clock."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from gateway.control.algorithm import Reason
+from gateway.control.config import AimdConfig
+from gateway.control.observation import GpuHeadroom, Headroom, LimiterState, observe
+from gateway.control.signals import CongestionDetector
+from gateway.control.window import Outcome, RequestSample, SlidingWindow
+
+CONFIG = AimdConfig()
+
+
+def base_obs(now: float = 100.0, **changes):
+    window = SlidingWindow(10.0)
+    stats = window.stats(now)
+    obs = observe(now, stats, LimiterState(limit=16, inflight=16, peak_inflight=16, queue_depth=4))
+    return replace(obs, **changes)
+
+
+def reasons(signals) -> list[Reason]:
+    return [s.reason for s in signals]
+
+
+def test_failures_count_at_once_and_halve() -> None:
+    detector = CongestionDetector(CONFIG)
+    signals = detector.update(base_obs(completed=20, upstream_errors=1, timeouts=1))
+    assert reasons(signals) == [Reason.UPSTREAM_ERRORS]
+    assert signals[0].factor == CONFIG.error_decrease_factor
+
+
+def test_a_lone_error_in_a_busy_window_is_noise() -> None:
+    detector = CongestionDetector(CONFIG)
+    assert detector.update(base_obs(completed=100, upstream_errors=1)) == []
+
+
+def test_client_cancellations_and_4xx_never_count() -> None:
+    window = SlidingWindow(10.0)
+    for i, outcome in enumerate([Outcome.CLIENT_CANCELLED, Outcome.CLIENT_ERROR] * 5):
+        window.add(RequestSample(arrived=90 + i * 0.1, admitted=90 + i * 0.1, finished=95, first_token=None,
+                                 prompt_tokens=10, output_tokens=0, outcome=outcome))
+    obs = observe(100.0, window.stats(100.0), LimiterState(16, 16, 16, 4))
+    assert obs.completed == 10 and obs.failures == 0
+    assert CongestionDetector(CONFIG).update(obs) == []
+
+
+def test_kv_usage_must_persist_and_a_single_crossing_only_blocks() -> None:
+    detector = CongestionDetector(CONFIG)
+    high = base_obs(kv_usage=0.97, kv_usage_age_s=1.0)
+    assert detector.update(high) == []
+    assert detector.blocking(high) is Reason.KV_USAGE
+    assert reasons(detector.update(replace(high, now=102.0))) == [Reason.KV_USAGE]
+    # back under the line: the streak resets, but above kv_usage_resume increases stay blocked
+    calm = base_obs(now=104.0, kv_usage=0.92, kv_usage_age_s=1.0)
+    assert detector.update(calm) == []
+    assert detector.blocking(calm) is Reason.KV_USAGE
+    assert detector.blocking(replace(calm, kv_usage=0.5)) is None
+
+
+def test_stale_or_missing_backend_metrics_are_ignored_never_fail_closed() -> None:
+    detector = CongestionDetector(CONFIG)
+    stale = base_obs(kv_usage=0.99, kv_usage_age_s=60.0, backend_waiting=30, backend_waiting_age_s=60.0,
+                     preemptions_total=5.0, preemptions_age_s=60.0)
+    for tick in range(5):
+        stale = replace(stale, now=100.0 + 2 * tick, preemptions_total=5.0 + tick)
+        assert detector.update(stale) == []
+        assert detector.blocking(stale) is None
+    assert detector.update(base_obs()) == []  # nothing known at all
+
+
+def test_preemptions_rising_is_a_fact_not_a_level() -> None:
+    detector = CongestionDetector(CONFIG)
+    first = base_obs(preemptions_total=7.0, preemptions_age_s=0.5)
+    assert detector.update(first) == []  # the first reading is a baseline, whatever its value
+    assert detector.update(replace(first, now=102.0)) == []
+    assert reasons(detector.update(replace(first, now=104.0, preemptions_total=9.0))) == [Reason.PREEMPTIONS]
+    # a counter reset (backend restarted) is not a preemption
+    assert detector.update(replace(first, now=106.0, preemptions_total=0.0)) == []
+
+
+def test_backend_queue_must_stay_non_empty() -> None:
+    detector = CongestionDetector(CONFIG)
+    waiting = base_obs(now=100.0, backend_waiting=3, backend_waiting_age_s=1.0)
+    assert detector.update(waiting) == []
+    assert detector.blocking(waiting) is None  # one scrape after an admission burst is normal
+    assert detector.update(replace(waiting, now=103.0)) == []
+    assert detector.blocking(replace(waiting, now=103.0)) is Reason.BACKEND_QUEUE
+    assert reasons(detector.update(replace(waiting, now=106.0))) == [Reason.BACKEND_QUEUE]
+    assert detector.update(replace(waiting, now=108.0, backend_waiting=0)) == []
+    assert detector.update(replace(waiting, now=110.0)) == []  # the clock starts again
+
+
+def test_a_limit_increase_restarts_the_backend_queue_clock() -> None:
+    detector = CongestionDetector(CONFIG)
+    waiting = base_obs(now=100.0, backend_waiting=3, backend_waiting_age_s=1.0)
+    detector.update(waiting)
+    detector.increased(105.0)
+    assert detector.update(replace(waiting, now=106.0)) == []
+
+
+def test_gpu_memory_floor_cuts_once_then_only_if_it_keeps_falling() -> None:
+    detector = CongestionDetector(CONFIG)
+    low = base_obs(gpu_memory_free_min=0.02, gpus_age_s=1.0)
+    assert detector.update(low) == []
+    [signal] = detector.update(replace(low, now=102.0))
+    assert signal.reason is Reason.GPU_MEMORY
+    detector.decreased(low, signal)
+    # still under the floor but not lower: preallocating servers do not give memory back
+    assert detector.update(replace(low, now=104.0)) == []
+    assert detector.blocking(replace(low, now=104.0)) is Reason.GPU_MEMORY
+    assert reasons(detector.update(replace(low, now=106.0, gpu_memory_free_min=0.005))) == [Reason.GPU_MEMORY]
+
+
+def test_gpu_headroom_from_nvml_readings_through_observe() -> None:
+    gpus = (GpuHeadroom(0, 80 * 2**30, 40 * 2**30, 0.5, "a"), GpuHeadroom(1, 80 * 2**30, 2**30, None, "b"))
+    obs = observe(100.0, SlidingWindow(10.0).stats(100.0), LimiterState(8, 8, 8, 0),
+                  Headroom(gpus=gpus, gpus_at=97.0))
+    assert obs.gpu_memory_free_min == pytest.approx(1 / 80)
+    assert obs.gpu_utilization_max == 0.5
+    assert obs.gpus_age_s == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("name,value,slo_name", [("ttft_p99", 4.0, "ttft_p99_slo_s"), ("tpot_p99", 0.2, "tpot_p99_slo_s")])
+def test_latency_over_its_objective_cuts_in_proportion_once_confirmed(name: str, value: float, slo_name: str) -> None:
+    detector = CongestionDetector(CONFIG)
+    over = base_obs(latency_samples=CONFIG.min_samples, **{name: value})
+    assert detector.update(over) == []
+    [signal] = detector.update(replace(over, now=102.0))
+    slo = getattr(CONFIG, slo_name)
+    assert signal.threshold == slo
+    assert signal.factor == pytest.approx(max(0.5, min(CONFIG.decrease_factor, slo / value)))
+
+
+def test_latency_from_too_few_requests_is_not_judged() -> None:
+    detector = CongestionDetector(CONFIG)
+    few = base_obs(latency_samples=CONFIG.min_samples - 1, tpot_p99=1.0)
+    for tick in range(4):
+        assert detector.update(replace(few, now=100.0 + 2 * tick)) == []
