@@ -1,0 +1,112 @@
+"""The observation builder and the per-upstream controller the gateway ticks (decision log, state view)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.control.algorithm import Action, Reason
+from gateway.control.config import AimdConfig, StartPoint
+from gateway.control.observation import GpuHeadroom, Headroom, Latency, LimiterState, observe
+from gateway.control.upstream import UpstreamControl
+from gateway.control.window import Outcome, RequestSample, SlidingWindow
+
+
+def sample(admitted: float, *, ttft: float = 0.2, dur: float = 5.0, out: int = 101) -> RequestSample:
+    return RequestSample(arrived=admitted - 1.0, admitted=admitted, finished=admitted + dur,
+                         first_token=admitted + ttft, prompt_tokens=100, output_tokens=out, outcome=Outcome.OK)
+
+
+def test_observe_folds_the_tick_inputs_with_ages() -> None:
+    window = SlidingWindow(10.0)
+    for i in range(4):
+        window.add(sample(90.0 + i))
+    window.add_tokens(99.5, 400)
+    headroom = Headroom(gpus=(GpuHeadroom(0, 100, 25, 0.9),), gpus_at=95.0, kv_usage=0.5, backend_running=7,
+                        backend_waiting=0, preemptions_total=3.0, backend_at=99.0)
+    obs = observe(100.0, window.stats(100.0), LimiterState(8, 6, 8, 2), headroom, hard_cap=0, tokens_total=400)
+    assert obs.tokens_total == 400 and obs.completed == 4 and obs.latency_samples == 4
+    assert obs.ttft_p99 == pytest.approx(0.2)  # net of the gateway's queue (1 s here)
+    assert obs.hard_cap is None  # 0 means "unknown"
+    assert obs.kv_usage_age_s == pytest.approx(1.0) and obs.gpus_age_s == pytest.approx(5.0)
+    assert obs.gpu_memory_free_min == 0.25
+    assert obs.bottleneck  # a queue
+    assert json.dumps(obs.as_dict())
+
+
+def test_unknown_headroom_has_no_age() -> None:
+    obs = observe(5.0, SlidingWindow(10.0).stats(5.0), LimiterState(8, 2, 3, 0))
+    assert obs.kv_usage is None and obs.kv_usage_age_s is None and obs.gpus_age_s is None
+    assert not obs.bottleneck  # nothing queued, in-flight never reached the limit
+
+
+def test_latency_of_chosen_samples() -> None:
+    latency = Latency.of([sample(1.0, ttft=0.1), sample(2.0, ttft=0.3)])
+    assert latency.samples == 2 and latency.ttft_p99 == pytest.approx(0.298)
+
+
+def test_tick_reads_the_window_and_the_cumulative_token_count() -> None:
+    control = UpstreamControl("http://b:8000", AimdConfig(), initial_limit=8)
+    window = SlidingWindow(10.0)
+    window.add_tokens(1.0, 100)
+    decision = control.tick(2.0, window, LimiterState(8, 8, 8, 3))
+    assert decision.inputs["tokens_total"] == window.tokens_total == 100
+    assert control.last_stats is not None and control.last_stats.output_tokens == 100
+
+
+def test_latency_evidence_restarts_at_each_decrease() -> None:
+    config = AimdConfig(min_samples=3)
+    control = UpstreamControl("u", config, initial_limit=20)
+    window = SlidingWindow(30.0)
+    for i in range(5):  # slow requests admitted under the old limit
+        window.add(sample(10.0 + i, ttft=5.0, dur=8.0))
+    state = LimiterState(20, 20, 20, 10)
+    first = control.tick(24.0, window, state)
+    second = control.tick(26.0, window, state)
+    assert first.action is Action.HOLD and second.reason is Reason.TTFT and second.action is Action.DECREASE
+    # the same old requests do not count against the new limit
+    for now in (28.0, 30.0, 40.0):
+        assert control.tick(now, window, LimiterState(second.limit, 10, 10, 10)).reason is not Reason.TTFT
+
+
+def test_decision_log_folds_repeated_holds_and_the_state_is_json() -> None:
+    control = UpstreamControl("u", AimdConfig(), initial_limit=8, start=StartPoint(8, 900.0), log_size=5)
+    window = SlidingWindow(10.0)
+    for tick in range(1, 30):
+        control.tick(tick * 2.0, window, LimiterState(8, 2, 2, 0))  # no demand: hold
+    log = control.decisions()
+    assert len(log) == 1 and log[0]["reason"] == "no_demand" and log[0]["count"] == 29
+    assert log[0]["until"] == 58.0
+    state = json.loads(json.dumps(control.state()))
+    assert state["limit"] == 8 and state["start"] == {"limit": 8, "peak_tokens_per_s": 900.0}
+    assert state["algorithm"]["phase"] == "cruise" and state["config"]["knee_fraction"] == 0.97
+
+
+def test_log_fields_of_a_limit_change() -> None:
+    control = UpstreamControl("u", AimdConfig(), initial_limit=16)
+    decision = control.tick(2.0, SlidingWindow(10.0), LimiterState(16, 16, 16, 4), hard_cap=10)
+    assert decision.changed
+    fields = control.log_fields(decision)
+    assert fields["event"] == "limit_change" and fields["limit"] == 10 and fields["previous"] == 16
+    assert fields["reason"] == "hard_cap" and fields["queue_depth"] == 4
+    assert json.dumps(fields)
+
+
+def test_config_from_settings_takes_every_knob() -> None:
+    from gateway.settings import Settings
+
+    settings = Settings(tpot_p99_slo_s=0.05, knee_fraction=0.9, gpus="0,2", limit_max=64)
+    config = AimdConfig.from_settings(settings)
+    assert config.tpot_p99_slo_s == 0.05 and config.knee_fraction == 0.9 and config.limit_max == 64
+    assert settings.gpus == [0, 2]
+    assert AimdConfig.from_settings(Settings()) == AimdConfig()  # the two sets of defaults agree
+
+
+def test_config_rejects_nonsense() -> None:
+    with pytest.raises(ValueError):
+        AimdConfig(decrease_factor=1.2)
+    with pytest.raises(ValueError):
+        AimdConfig(kv_usage_resume=0.99, kv_usage_high=0.9)
+    with pytest.raises(ValueError):
+        AimdConfig(limit_min=10, limit_max=5)
