@@ -116,19 +116,25 @@ def _grid(demand: int, max_limit: int) -> list[int]:
     return sorted({level for level in levels if level <= top} | {top})
 
 
-@lru_cache(maxsize=None)
 def oracle(profile_name: str, conditions: Conditions, config: AimdConfig, seed: int, max_limit: int = 128) -> Oracle:
     """The static limits' goodput curve: a coarse pass up to the cliff, then every limit in between
     where the answer lies (below the coarse sweet spot, and around the best), so the sweet spot and the
     best are exact for any curve that rises smoothly to its peak.
 
     Conditions with several gateways are simulated as one gateway holding all their clients: the
-    oracle is the best the *backend* can do. Cached for the session (conditions are frozen values).
+    oracle is the best the *backend* can do. Only the objectives of ``config`` matter to it. Cached for
+    the session (conditions are frozen values), so scenarios that share conditions share the work.
     """
     single = Conditions(
         clients=(sum(conditions.clients),), workload=conditions.workload, speed_factor=conditions.speed_factor,
         error_rate=conditions.error_rate, metrics="live",
     )
+    objectives = AimdConfig(ttft_p99_slo_s=config.ttft_p99_slo_s, tpot_p99_slo_s=config.tpot_p99_slo_s)
+    return _oracle(profile_name, single, objectives, seed, max_limit)
+
+
+@lru_cache(maxsize=None)
+def _oracle(profile_name: str, single: Conditions, config: AimdConfig, seed: int, max_limit: int) -> Oracle:
     measured: dict[int, StaticPoint] = {}
 
     def measure(limit: int) -> StaticPoint:

@@ -107,13 +107,13 @@ class PhaseResult:
     start: float
     end: float
     checks: tuple[str, ...]
-    oracle: Oracle
+    oracle: Oracle | None  # None for phases no check compares with the static limits (idle, a storm)
     band: tuple[float, float]
     limits: list[list[tuple[float, int]]]  # per gateway, (time, limit) at each tick of the phase
     settled: float | None  # median limit (summed over gateways) after convergence
     convergence_s: float | None
     goodput: float
-    goodput_ratio: float
+    goodput_ratio: float | None
     tpot_p99: float | None
     preemptions: int
     failures: list[str] = field(default_factory=list)
@@ -152,20 +152,22 @@ def run(scenario: Scenario, config: AimdConfig | None = None) -> list[PhaseResul
 
 def _judge(scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfig, start: float, end: float,
            before: list[int]) -> PhaseResult:
-    the_oracle = oracle(scenario.profile, phase.conditions, config, scenario.seed)
-    sweet = the_oracle.sweet_spot
+    needs_oracle = bool(set(phase.checks) & {"converge", "goodput", "below_onset"})
+    the_oracle = oracle(scenario.profile, phase.conditions, config, scenario.seed) if needs_oracle else None
+    sweet = the_oracle.sweet_spot if the_oracle is not None else 0
     band = ((1 - BAND) * sweet, (1 + BAND) * sweet)
     per_gateway = [[(t, limit) for t, limit in harness.trace.limits(g) if start < t <= end]
                    for g in range(len(harness.gateways))]
     total = [(ticks[0][0], sum(limit for _, limit in ticks)) for ticks in zip(*per_gateway)]
-    converged = _convergence(total, start, band)
+    converged = _convergence(total, start, band) if the_oracle is not None else None
     settled_from = start + (converged if converged is not None else CONVERGE_S)
     settled_values = [limit for t, limit in total if t >= settled_from]
     settled = statistics.median(settled_values) if settled_values else None
     judged_from = min(start + CONVERGE_S, end)
     finished = harness.trace.finished + harness.open_requests()
     good, _ = goodput(finished, judged_from, end, config)
-    ratio = good / the_oracle.best.goodput if the_oracle.best.goodput > 0 else 1.0
+    best = the_oracle.best.goodput if the_oracle is not None else 0.0
+    ratio = good / best if best > 0 else None
     tpot = tpot_p99(finished, judged_from, end)
     result = PhaseResult(
         scenario.name, phase.name, start, end, phase.checks, the_oracle, band, per_gateway, settled, converged,
@@ -179,8 +181,8 @@ def _judge(scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfi
                                 f"(convergence: {converged})")
             elif settled is None or not band[0] <= settled <= band[1]:
                 failures.append(f"settled at {settled}, outside {band[0]:.1f}-{band[1]:.1f}")
-        elif check == "goodput" and ratio < GOODPUT_RATIO:
-            failures.append(f"goodput {good:.0f} tok/s is {ratio:.3f} x the best static ({the_oracle.best.goodput:.0f})")
+        elif check == "goodput" and ratio is not None and ratio < GOODPUT_RATIO:
+            failures.append(f"goodput {good:.0f} tok/s is {ratio:.3f} x the best static ({best:.0f})")
         elif check == "tpot" and tpot is not None and config.tpot_p99_slo_s is not None and tpot > config.tpot_p99_slo_s:
             failures.append(f"p99 TPOT {tpot * 1000:.1f} ms over the {config.tpot_p99_slo_s * 1000:.0f} ms objective")
         elif check == "no_drift":
@@ -193,7 +195,7 @@ def _judge(scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfi
                     highest = max(tick.limit for tick in ticks[idle_from:])
                     if highest > held:
                         failures.append(f"gateway {g} drifted up from {held} to {highest} without demand")
-        elif check == "below_onset" and the_oracle.preemption_onset is not None:
+        elif check == "below_onset" and the_oracle is not None and the_oracle.preemption_onset is not None:
             if settled is None or settled >= the_oracle.preemption_onset:
                 failures.append(f"settled at {settled}, not below preemption onset {the_oracle.preemption_onset}")
             minutes = (end - judged_from) / 60

@@ -1,0 +1,66 @@
+"""The controller's scenarios (Vector-style): each phase's outcomes against its oracle.
+
+Every scenario runs the real controller against the simulator's engine on virtual time
+(:mod:`gateway.control.harness`), and every check compares outcomes with the best *static* limit found
+by simulating all of them under the same conditions (:mod:`gateway.control.evaluate`): where the limit
+settled, how fast, the goodput within the objectives, p99 TPOT, preemptions, fairness, drift. The
+scenarios and their checks are data, in :mod:`gateway.control.scenarios`; adding one is adding a row.
+Fixed seeds: the runs are deterministic. ``bench/controller_scenarios.py`` prints the same results as a
+table (and writes the one in ``docs/controller.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from gateway.control.config import AimdConfig
+from gateway.control.scenarios import SCENARIOS, PhaseResult, by_name, run
+
+_RESULTS: dict[str, list[PhaseResult]] = {}
+
+
+def results(name: str) -> list[PhaseResult]:
+    if name not in _RESULTS:
+        _RESULTS[name] = run(by_name(name))
+    return _RESULTS[name]
+
+
+def describe(result: PhaseResult) -> str:
+    oracle = result.oracle
+    spot = "-" if oracle is None else f"sweet spot {oracle.sweet_spot}, best static {oracle.best.limit}"
+    return (f"{result.scenario}/{result.phase}: {spot}, settled {result.settled}, converged after "
+            f"{result.convergence_s} s, goodput ratio {result.goodput_ratio}: {'; '.join(result.failures)}")
+
+
+@pytest.mark.parametrize("name", [scenario.name for scenario in SCENARIOS])
+def test_scenario(name: str) -> None:
+    phases = results(name)
+    assert len(phases) == len(by_name(name).phases)
+    failed = [describe(result) for result in phases if not result.ok]
+    assert not failed, "\n".join(failed)
+
+
+def test_every_limit_checked_phase_has_an_oracle_and_a_band() -> None:
+    for result in results("steady_overload") + results("backend_slowdown"):
+        assert result.oracle is not None and result.oracle.best.goodput > 0
+        assert result.band[0] < result.oracle.sweet_spot < result.band[1]
+        assert result.oracle.sweet_spot <= result.oracle.best.limit
+
+
+def test_runs_are_deterministic() -> None:
+    scenario = by_name("steady_overload")
+    again = run(scenario)
+    first = results("steady_overload")
+    assert [r.limits for r in again] == [r.limits for r in first]
+    assert [r.goodput for r in again] == [r.goodput for r in first]
+
+
+def test_the_checks_can_fail() -> None:
+    """A controller that stops at the wrong knee (half of the best throughput) must fail the same
+    checks the real one passes: the scenarios are not passing by construction."""
+    scenario = replace(by_name("steady_overload"), phases=by_name("steady_overload").phases[:1])
+    [result] = run(scenario, AimdConfig(knee_fraction=0.5, knee_margin=0.0))
+    assert not result.ok
+    assert any("goodput" in failure for failure in result.failures)
