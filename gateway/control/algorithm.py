@@ -37,9 +37,9 @@ class Reason(str, Enum):
     AT_MIN = "at_min"
     AT_MAX = "at_max"
     # searching for the knee
-    SLOW_START = "slow_start"  # doubling until the first sign of the knee or congestion
-    PROBE = "probe"  # trying one step up (or down) to see whether the slots pay
-    KNEE = "knee"  # stepping back: the probed slots did not pay (or the removed ones did)
+    SLOW_START = "slow_start"  # doubling until a doubling stops paying, or congestion
+    PROBE = "probe"  # measuring a limit beside the knee (or climbing towards the top of the curve)
+    KNEE = "knee"  # moving to the knee read off the measured curve
     # holding
     STEADY = "steady"  # at the knee; the next probe is scheduled
     SETTLING = "settling"  # the last change has not been measured yet
@@ -48,7 +48,6 @@ class Reason(str, Enum):
     CEILING = "ceiling"  # the next step up would retry a limit that recently caused congestion
     HEADROOM_NEAR = "headroom_near"  # a headroom signal is inside its hysteresis band
     FAIR_SHARE = "fair_share"  # yielding a step to other clients of a full backend
-    START = "start"  # the first limit (initial setting or a sweep's sweet spot)
 
 
 @dataclass(frozen=True, slots=True)
