@@ -37,7 +37,7 @@ from gateway.control.algorithm import Action, Decision, Reason
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.capacity import kv_room, over_share
 from gateway.control.curve import Curve
-from gateway.control.meter import ThroughputMeter
+from gateway.control.meter import Readings
 from gateway.control.observation import Observation
 from gateway.control.signals import CongestionDetector, Signal
 from gateway.control.tpot import TpotPredictor
@@ -50,7 +50,6 @@ _CLIMB_STEP = 0.25  # climb steps are a quarter of the limit: a step's gain must
 _DWELL_READINGS = 3  # settled readings at a limit before the curve may move it a little
 _FAR = 0.2  # ... but a knee this far below (share of the limit) is acted on after one reading
 _KNEE_DEAD_BAND = 0.05  # the knee must move by more than this share of the limit to move the limit
-_MAX_SPAN_STRETCH = 3.0  # readings last at most this many times measure_s on a slow backend
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +69,6 @@ class Aimd:
         self._phase = CRUISE if start is not None else SLOW_START
         self._peak_reference = start.peak_tokens_per_s if start is not None else None
         self._ssthresh: int | None = None
-        self._changed_at: float | None = None
-        self._steady_since: float | None = None
         self._probe: _Probe | None = None
         self._next_probe_at: float | None = None
         self._next_direction = 1
@@ -79,14 +76,10 @@ class Aimd:
         self._ceiling: int | None = None
         self._ceiling_until = 0.0
         self._curve = Curve()
-        self._readings_here = 0  # readings taken since the limit last changed
-        self._reading_started = 0.0
         self._up_probes = 0  # up-probes since the last climb-sized one
         self._reclimb = False  # the next up-probe is climb-sized (the curve was just rescaled)
-        self._last_rate = 0.0  # the latest reading (tokens/s)
-        self._peak_rate = 0.0  # the highest reading ever: the reference a reading's length scales to
         self._detector = CongestionDetector(config)
-        self._meter = ThroughputMeter()
+        self._readings = Readings(config.settle_s, config.measure_s)
         self._tpot = TpotPredictor(config.min_samples)
         self._detail: dict[str, Any] = {}
         self._blocked_by: Reason | None = None
@@ -99,14 +92,12 @@ class Aimd:
     def step(self, obs: Observation) -> Decision:
         now = obs.now
         self._detail = {}
-        if self._changed_at is None:
-            self._changed_at = now
+        if self._readings.changed_at is None:
             self._tpot.limit_set(now, self._limit)
-        self._meter.record(now, obs.tokens_total, obs.tokens_per_s, obs.window_s)
         bottleneck = obs.queue_depth > 0 or obs.peak_inflight >= self._limit
         self._tpot.calibrate(obs, bottleneck)
         signals = self._detector.update(obs)
-        self._track_steady(obs, bottleneck)
+        self._readings.observe(obs, self._limit, bottleneck)
         hi = self.config.limit_max if obs.hard_cap is None else min(self.config.limit_max, obs.hard_cap)
         lo = min(self.config.limit_min, hi)
 
@@ -128,13 +119,14 @@ class Aimd:
                 return self._blocked(obs, blocked)
         if self._phase == SLOW_START and self._ssthresh is not None:
             return self._recover(obs, lo, hi)
-        rate = self._measurement(now)
+        probe = self._probe
+        rate = self._readings.take(now, short=probe is not None and probe.kind == SLOW_START
+                                   and self._readings.taken == 0)
         if rate is None:
             return self._hold(obs, Reason.SETTLING)
         self._detail["measured_tokens_per_s"] = round(rate, 2)
-        settled = self._readings_here > 0
-        self._readings_here += 1
-        if obs.failures == 0 and self._curve.add(self._limit, rate, self._reading_started, settled=settled):
+        settled = self._readings.taken > 1
+        if obs.failures == 0 and self._curve.add(self._limit, rate, self._readings.started, settled=settled):
             # The same limit now gives a different throughput: the backend got slower or faster, or
             # the mix changed. The curve's shape, and so the knee, is kept until readings say otherwise.
             self._detail["curve_rescaled"] = True
@@ -234,9 +226,10 @@ class Aimd:
         """After failures: double back towards the last good limit every settle period while the
         window stays free of failures. The curve from before still holds, so nothing needs measuring;
         the only question is whether the failures are over, and they show within seconds."""
-        assert self._changed_at is not None
+        changed_at = self._readings.changed_at
+        assert changed_at is not None
         self._probe = None
-        if obs.failures or obs.now - self._changed_at < self.config.settle_s:
+        if obs.failures or obs.now - changed_at < self.config.settle_s:
             return self._hold(obs, Reason.SETTLING, recovering_to=self._ssthresh)
         return self._slow_start(obs, lo, hi)
 
@@ -392,37 +385,6 @@ class Aimd:
         return marginal >= self.config.marginal_gain_min * average
 
     # --- bookkeeping -----------------------------------------------------------------------------
-    def _track_steady(self, obs: Observation, bottleneck: bool) -> None:
-        """The limit has settled (time passed, excess in-flight drained) and was the bottleneck
-        since: from then on, throughput measures this limit."""
-        assert self._changed_at is not None
-        settled = obs.now - self._changed_at >= self.config.settle_s and obs.inflight <= self._limit
-        if not (settled and bottleneck):
-            self._steady_since = None
-        elif self._steady_since is None:
-            self._steady_since = obs.now
-
-    def _measurement(self, now: float) -> float | None:
-        """Throughput since the limit became steady, once ``measure_s`` of it exist; each reading is
-        taken once (the next one starts now), so readings pooled on the curve are independent."""
-        # Slow start's first reading at a doubled limit only has to tell doubling from not: half as long
-        # keeps the time spent past a cliff short.
-        span = self.config.measure_s
-        if self._probe is not None and self._probe.kind == SLOW_START and self._readings_here == 0:
-            span /= 2
-        elif self._last_rate:
-            # A slower backend streams fewer tokens (and admits fewer prompts) per second, so the
-            # same reading time is noisier: lengthen readings to keep their token count.
-            span *= min(_MAX_SPAN_STRETCH, max(1.0, self._peak_rate / self._last_rate))
-        if self._steady_since is None or now - self._steady_since < span - 1e-9:
-            return None
-        rate = self._meter.rate_since(self._steady_since)
-        if rate is not None:
-            self._reading_started, self._steady_since = self._steady_since, now
-            self._last_rate = rate
-            self._peak_rate = max(self._peak_rate, rate)
-        return rate
-
     def _change(self, obs: Observation, limit: int, reason: Reason, action: Action | None = None) -> Decision:
         previous = self._limit
         if action is None:
@@ -431,9 +393,7 @@ class Aimd:
             self._detector.increased(obs.now)
         if limit != previous:
             self._limit = limit
-            self._readings_here = 0
-            self._changed_at = obs.now
-            self._steady_since = None
+            self._readings.limit_changed(obs.now)
             self._tpot.limit_set(obs.now, limit)
         return self._decision(obs, previous, action, reason)
 
@@ -465,9 +425,9 @@ class Aimd:
             "next_probe_at": self._next_probe_at,
             "next_direction": "up" if self._next_direction > 0 else "down",
             "last_decrease_at": self._last_decrease_at,
-            "steady_since": self._steady_since,
+            "steady_since": self._readings.steady_since,
             "tpot_p99_scale": None if self._tpot.scale is None else round(self._tpot.scale, 4),
             "peak_reference_tokens_per_s": self._peak_reference,
-            "exact_throughput": self._meter.exact,
+            "exact_throughput": self._readings.meter.exact,
             "signals": self._detector.state(),
         }

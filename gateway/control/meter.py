@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from collections import deque
 
+from gateway.control.observation import Observation
+
+_MAX_SPAN_STRETCH = 3.0  # readings last at most this many times measure_s on a slow backend
+
 
 class ThroughputMeter:
     """Output tokens/s between two ticks, from the cumulative counter or the window."""
@@ -88,3 +92,53 @@ class LimitHistory:
         if covered <= 0:
             return float(items[-1][1]) if items[-1][0] <= start else None
         return total / covered
+
+
+class Readings:
+    """When throughput measures the current limit, and the readings taken at it.
+
+    A limit is *steady* once ``settle_s`` passed since it changed, the requests admitted under a
+    higher one drained, and it has been the bottleneck since (otherwise the reading measures demand,
+    not the backend). A reading covers ``measure_s`` of steady time and is taken once: the next one
+    starts where it ended, so readings pooled on the curve are independent.
+    """
+
+    def __init__(self, settle_s: float, measure_s: float) -> None:
+        self.settle_s, self.measure_s = settle_s, measure_s
+        self.meter = ThroughputMeter()
+        self.changed_at: float | None = None
+        self.steady_since: float | None = None
+        self.taken = 0  # readings taken since the limit last changed
+        self.started = 0.0  # when the latest reading started
+        self._last = 0.0  # the latest reading (tokens/s)
+        self._peak = 0.0  # the highest reading ever: the reference a reading's length scales to
+
+    def limit_changed(self, now: float) -> None:
+        self.changed_at, self.steady_since, self.taken = now, None, 0
+
+    def observe(self, obs: Observation, limit: int, bottleneck: bool) -> None:
+        if self.changed_at is None:
+            self.changed_at = obs.now
+        self.meter.record(obs.now, obs.tokens_total, obs.tokens_per_s, obs.window_s)
+        settled = obs.now - self.changed_at >= self.settle_s and obs.inflight <= limit
+        if not (settled and bottleneck):
+            self.steady_since = None
+        elif self.steady_since is None:
+            self.steady_since = obs.now
+
+    def take(self, now: float, *, short: bool = False) -> float | None:
+        """A reading, if one is due. ``short``: half length (slow start's first reading at a doubled
+        limit only has to tell doubling from not, and a short one keeps time past a cliff short).
+        Otherwise a slower backend (fewer tokens and prompts per second, so noisier readings) gets
+        longer readings, to keep their token count."""
+        span = self.measure_s / 2 if short else self.measure_s
+        if not short and self._last:
+            span *= min(_MAX_SPAN_STRETCH, max(1.0, self._peak / self._last))
+        if self.steady_since is None or now - self.steady_since < span - 1e-9:
+            return None
+        rate = self.meter.rate_since(self.steady_since)
+        if rate is not None:
+            self.started, self.steady_since = self.steady_since, now
+            self.taken += 1
+            self._last, self._peak = rate, max(self._peak, rate)
+        return rate
