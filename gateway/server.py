@@ -8,7 +8,6 @@ from typing import Any
 
 from gateway.settings import load_settings
 
-READY_PREFIX = "sweetspot gateway listening on "
 
 
 def run(config: Path | None = None, **flags: Any) -> None:
