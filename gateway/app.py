@@ -78,6 +78,10 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source
             return error_response(404, message, code="unknown_route")
         return error_response(exc.status_code, str(exc.detail), code="http_error")
 
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> Response:
+        return error_response(500, "internal error in the gateway", code="internal_error")
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
         return error_response(400, str(exc), code="invalid_request")

@@ -96,6 +96,10 @@ class UpstreamClient:
                     self._metrics.upstream_retries.labels(base_url, "stale_connection").inc()
                     continue
                 raise UpstreamUnavailable(f"{base_url} closed the connection: {exc}") from exc
+            except asyncio.TimeoutError:
+                raise
+            except aiohttp.ClientError as exc:  # anything else before an answer: try elsewhere
+                raise UpstreamUnavailable(f"{base_url}: {type(exc).__name__}: {exc}") from exc
             if response.status >= 500:
                 payload = await _read_quietly(response)
                 raise UpstreamUnavailable(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ from gateway.measure import RequestTracker
 from gateway.proxy import ProxyStreamResponse, SSEFilter, UpstreamReply, UpstreamUnavailable
 
 router = APIRouter()
+log = logging.getLogger("sweetspot.api")
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class _Forward:
         self.gateway: Gateway = request.app.state.gateway
         self.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         self.tracker = RequestTracker(arrived=self.gateway.clock(), clock=self.gateway.clock)
+        self.permit: Permit | None = None  # the permit held right now, for the last-resort clean-up
 
     def _answer(self, response: Response) -> Response:
         response.headers["x-request-id"] = self.request_id
@@ -206,6 +209,13 @@ class _Forward:
             return self._refuse(exc.status, str(exc), exc.reason, retry_after_s=exc.retry_after_s)
         except ClientGone:
             return self._answer(Response(status_code=499))  # nobody reads it; counted for the metrics
+        except Exception:
+            # A bug or an upstream failure nobody foresaw: the client still gets OpenAI's shape, and the
+            # permit is returned (release and finish are idempotent).
+            log.exception("request %s failed unexpectedly", self.request_id)
+            if self.permit is not None:
+                self._release(self.permit, Outcome.UPSTREAM_ERROR)
+            return self._answer(error_response(500, "internal error in the gateway", code="internal_error"))
         finally:
             if not handed_off:
                 watch.stop()
@@ -230,6 +240,7 @@ class _Forward:
         except ClientGone:
             gateway.metrics.rejections.labels("client_disconnected").inc()
             raise
+        self.permit = permit
         queue_wait = permit.admitted - waited_from
         gateway.metrics.queue_wait.observe(queue_wait)
         self.tracker.admit(gateway.pool.by_name[permit.limiter.name], permit.admitted, queue_wait)
@@ -265,7 +276,7 @@ class _Forward:
                     gateway.metrics.upstream_retries.labels(upstream.name, "failover").inc()
                     self.tracker.failed_attempt(gateway.metrics)
                     gateway.queue.release(permit)
-                    permit = alternative
+                    permit = self.permit = alternative
                     continue
                 return self._finish(permit, Outcome.UPSTREAM_ERROR, self._upstream_failure(exc))
             except asyncio.TimeoutError:
