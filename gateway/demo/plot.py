@@ -37,7 +37,8 @@ def plot_timeline(samples: Sequence[Sample], phases: Sequence[Phase], summaries:
     for name, label, style in (
         ("clients", "clients", {"color": "0.6", "linestyle": ":", "drawstyle": "steps-post"}),
         ("queued", "queued (gateway)", {"color": "tab:orange"}),
-        ("inflight", "in-flight (backend)", {"color": "tab:blue", "alpha": 0.8}),
+        # wide and pale under the limit: in-flight sits on the limit whenever the limit binds
+        ("inflight", "in-flight (backend)", {"color": "tab:blue", "alpha": 0.4, "linewidth": 5}),
         ("limit", "limit", {"color": "black", "linewidth": 2, "drawstyle": "steps-post"}),
     ):
         xs, ys = _series(samples, name)

@@ -39,6 +39,7 @@ class Sample:
     rejected: int  # ... that the gateway refused (429/503)
     action: str | None = None  # the controller's last decision, when it has one
     reason: str | None = None
+    last_move: str | None = None  # the controller's last limit change, e.g. "decrease 24->18 (knee)"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,6 +83,17 @@ def last_decision(state: Any) -> tuple[str | None, str | None]:
     return (str(action) if action is not None else None, str(reason) if reason is not None else None)
 
 
+def last_move(state: Any) -> str | None:
+    """The newest entry of the controller's decision log that moved the limit, as one short string."""
+    log = _get(upstream_state(state), "controller", "decisions")
+    if not isinstance(log, list):
+        return None
+    for entry in reversed(log):
+        if isinstance(entry, dict) and entry.get("action") not in (None, "hold"):
+            return f"{entry.get('action')} {entry.get('previous')}->{entry.get('limit')} ({entry.get('reason')})"
+    return None
+
+
 def build_sample(
     t: float, phase: int, state: Any, backend: Any, live: LiveStats, pool: PoolStats
 ) -> Sample:
@@ -113,4 +125,5 @@ def build_sample(
         rejected=pool.rejected,
         action=action,
         reason=reason,
+        last_move=last_move(state),
     )

@@ -26,7 +26,8 @@ def _n(value: float | int | None, fmt: str = "{:.0f}", unit: str = "") -> str:
 def decision_text(sample: Sample) -> str:
     if sample.action is None:
         return "no controller state (static limit)"
-    return f"{sample.action}: {sample.reason}"
+    text = f"{sample.action}: {sample.reason}"
+    return text + (f"; last move {sample.last_move}" if sample.last_move else "")
 
 
 def plain_line(sample: Sample, phase_name: str) -> str:

@@ -105,11 +105,15 @@ def test_sample_without_a_controller_reads_the_static_limit() -> None:
 
 
 def test_sample_reads_the_controller_when_there_is_one() -> None:
-    controller = {"limit": 28, "last_decision": {"action": "hold", "reason": "steady", "limit": 28}}
+    controller = {"limit": 28, "last_decision": {"action": "hold", "reason": "steady", "limit": 28},
+                  "decisions": [{"action": "decrease", "reason": "knee", "previous": 32, "limit": 24},
+                                {"action": "increase", "reason": "probe", "previous": 24, "limit": 28},
+                                {"action": "hold", "reason": "steady", "previous": 28, "limit": 28}]}
     state = {"queue": {"depth": 0}, "upstreams": [{"limit": 28, "inflight": 20, "window": WINDOW,
                                                    "controller": controller}]}
     s = build_sample(1.0, 0, state, None, LIVE, POOL)
     assert (s.limit, s.action, s.reason) == (28, "hold", "steady")
+    assert s.last_move == "increase 24->28 (probe)"
     assert s.backend_running is None and s.kv_usage is None
 
 
@@ -118,6 +122,7 @@ def test_sample_reads_the_controller_when_there_is_one() -> None:
 def test_sample_survives_any_state_shape(state: object) -> None:
     s = build_sample(1.0, 0, state, {"kv_usage": True}, LIVE, POOL)
     assert s.limit is None and s.queued is None and s.action is None and s.kv_usage is None
+    assert s.last_move is None
 
 
 def row(t: float, phase: int, limit: int | None, clients: int = 64, **kw: object) -> Sample:
