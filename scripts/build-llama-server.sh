@@ -33,13 +33,23 @@ if [[ -x "$DEST/bin/llama-server" && "${FORCE:-0}" != 1 ]]; then
     exit 0
 fi
 
-for tool in cmake ninja c++ cc tar; do
+for tool in cmake ninja c++ cc tar flock; do
     command -v "$tool" >/dev/null || die "'$tool' is not installed; llama-server needs it to build (apt-get install cmake ninja-build g++)"
 done
 "$PYTHON" -m pip --version >/dev/null 2>&1 || die "no pip for $PYTHON (run 'make venv' or set PYTHON=)"
 
 START=$(date +%s)
 mkdir -p "$CACHE_ROOT/llama-server"
+# One build per version at a time (parallel `make test` runs share the cache): wait for the other one,
+# then reuse what it installed.
+exec 9>"$CACHE_ROOT/llama-server/.lock-$VERSION"
+flock 9
+if [[ -x "$DEST/bin/llama-server" && "${FORCE:-0}" != 1 ]]; then
+    log "reusing $DEST/bin/llama-server (built meanwhile by another run)"
+    exit 0
+fi
+# Holding the lock, no other build of this version runs: what a killed build left behind can go.
+rm -rf "$CACHE_ROOT/llama-server/.build-$VERSION".*
 # The temp dir lives next to the destination so the final `mv` is a same-filesystem rename.
 WORK="$(mktemp -d "$CACHE_ROOT/llama-server/.build-$VERSION.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
@@ -92,7 +102,7 @@ cp "$BIN" "$STAGE/bin/llama-server"
 } >"$STAGE/BUILD_INFO"
 
 # Atomic publish: a previous entry (FORCE=1) is moved aside first, then the staged tree renamed into place.
-if [[ -e "$DEST" ]]; then mv "$DEST" "$WORK/old"; fi
-mv "$STAGE" "$DEST"
+if [[ -e "$DEST" ]]; then mv -T "$DEST" "$WORK/old"; fi
+mv -T "$STAGE" "$DEST"
 
 log "installed $DEST/bin/llama-server in $(( $(date +%s) - START )) s"
