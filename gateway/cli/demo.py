@@ -17,7 +17,7 @@ def demo(
     duration_scale: float = typer.Option(1.0, "--duration-scale", help="Multiply every load phase and sweep level duration by this."),
     quick: bool = typer.Option(False, "--quick", help="The short variant CI runs: fewer sweep levels, phases 5x shorter."),
     profile: str = typer.Option("qwen3.6-35b-a3b-32gb", "--profile", help="Simulator profile (sweetspot sim --list-profiles)."),
-    levels: Optional[str] = typer.Option(None, "--levels", help="Sweep levels, comma-separated (default 8,16,24,32,48)."),
+    levels: Optional[str] = typer.Option(None, "--levels", help="Sweep levels, comma-separated (default 16,24,32,48)."),
     seed: int = typer.Option(0, "--seed", help="Seed for the simulator and the request stream."),
     plain: bool = typer.Option(False, "--plain", help="Plain log lines even on a terminal (the default when not a TTY)."),
     print_every: float = typer.Option(5.0, "--print-every", help="Plain output: seconds between status lines."),
