@@ -134,7 +134,7 @@ async def first_model(url: str) -> str:
 
 
 def start_llama() -> tuple[object, str]:
-    from gateway.testing.llama_server import start_near_free_server
+    from gateway.testing.llama_process import start_near_free_server
 
     return start_near_free_server(parallel=32)
 

@@ -92,7 +92,7 @@ def main() -> None:
     if args.upstream:
         url = args.upstream.rstrip("/")
     else:
-        from gateway.testing.llama_server import start_near_free_server
+        from gateway.testing.llama_process import start_near_free_server
 
         server, url = start_near_free_server(parallel=CONCURRENCY)
     try:
