@@ -30,6 +30,8 @@ import aiohttp
 
 from gateway.bench.workload import ApiKind, RequestSpec
 
+# Resends of a request whose pooled connection the server had already closed (see StreamClient._post).
+STALE_RETRIES = 2
 REJECT_STATUSES = frozenset({429, 503})  # overload answers (a gateway's queue), not backend failures
 _PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
@@ -217,7 +219,7 @@ class StreamClient:
         headers = self.target.request_headers()
         record.start = time.perf_counter()
         try:
-            async with self.session.post(self.target.endpoint, data=payload, headers=headers) as resp:
+            async with await self._post(payload, headers, record) as resp:
                 record.status = resp.status
                 if resp.status != 200:
                     record.retry_after = _retry_after(resp.headers)
@@ -238,6 +240,24 @@ class StreamClient:
         if record.end is None:
             record.end = time.perf_counter()
         return record
+
+    async def _post(self, payload: bytes, headers: dict[str, str], record: RequestRecord) -> aiohttp.ClientResponse:
+        """POST and wait for the status line, sending again when a pooled connection turns out stale.
+
+        llama-server closes the connection after every streamed reply while announcing keep-alive; a
+        request written on it right after fails before the server has read it, so it is safe to resend
+        (the gateway's proxy does the same). The clock restarts: the failed attempt cost the server nothing.
+        """
+        for attempt in range(STALE_RETRIES + 1):
+            try:
+                return await self.session.post(self.target.endpoint, data=payload, headers=headers)
+            except aiohttp.ClientConnectorError:
+                raise
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                if attempt == STALE_RETRIES:
+                    raise
+                record.start = time.perf_counter()
+        raise AssertionError("unreachable")
 
     async def _read_stream(
         self, resp: aiohttp.ClientResponse, record: RequestRecord, on_chunk: Callable[[], None] | None
