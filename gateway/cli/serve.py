@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -25,9 +25,12 @@ def serve(
     log_level: Annotated[Optional[str], typer.Option(help="debug, info, warning or error.")] = None,
 ) -> None:
     """Run the gateway. Every option can also come from SWEETSPOT_* env vars or the TOML file."""
+    from pydantic import ValidationError
+
     from gateway.server import run
 
-    run(
+    try:
+        run(
         config=config,
         upstreams=upstream or None,
         host=host,
@@ -39,4 +42,15 @@ def serve(
         control_enabled=control,
         sweep_result=sweep_result,
         log_level=log_level,
-    )
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        # Bad settings from any source (ValidationError and SweepResultError are ValueErrors) end here,
+        # with the reason and without a traceback.
+        message = str(exc) if not isinstance(exc, ValidationError) else _describe(exc)
+        typer.echo(f"sweetspot serve: {message}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _describe(exc: Any) -> str:
+    parts = [f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}" for err in exc.errors()]
+    return "invalid settings: " + "; ".join(parts)
