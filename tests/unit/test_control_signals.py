@@ -140,3 +140,19 @@ def test_latency_from_too_few_requests_is_not_judged() -> None:
     few = base_obs(latency_samples=CONFIG.min_samples - 1, tpot_p99=1.0)
     for tick in range(4):
         assert detector.update(replace(few, now=100.0 + 2 * tick)) == []
+
+
+def test_requests_in_transit_to_the_next_engine_step_are_not_a_queue() -> None:
+    """vLLM reports its waiting gauge per step, and a request that arrives mid-step waits for the next
+    one: 1-2 waiting beside 26 running, at every scrape for longer than the persistence, is no queue."""
+    detector = CongestionDetector(CONFIG)
+    transit = base_obs(now=100.0, backend_waiting=2, backend_waiting_age_s=1.0, backend_running=26,
+                       backend_running_age_s=1.0)
+    for now in range(100, 131, 2):
+        assert detector.update(replace(transit, now=float(now))) == []
+        assert detector.blocking(replace(transit, now=float(now))) is None
+    # a queue clearly beyond one step's arrivals (over a tenth of the batch) still counts
+    queued = replace(transit, backend_waiting=6)
+    assert detector.update(replace(queued, now=132.0)) == []
+    assert detector.update(replace(queued, now=135.0)) == []
+    assert reasons(detector.update(replace(queued, now=138.0))) == [Reason.BACKEND_QUEUE]
