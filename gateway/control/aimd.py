@@ -76,8 +76,10 @@ class Aimd:
         self._ceiling: int | None = None
         self._ceiling_until = 0.0
         self._curve = Curve()
+        if start is not None:
+            self._curve.seed(start.levels)  # the sweep's curve: its knee is already bracketed
         self._up_probes = 0  # up-probes since the last climb-sized one
-        self._reclimb = False  # the next up-probe is climb-sized (the curve was just rescaled)
+        self._reclimb = False  # the curve was just rescaled: climb-probe its top before any knee move
         self._detector = CongestionDetector(config)
         self._readings = Readings(config.settle_s, config.measure_s)
         self._tpot = TpotPredictor(config.min_samples)
@@ -255,7 +257,12 @@ class Aimd:
         # A knee far below is plain from a first reading (slow start ran past it); anything else could
         # be the noise of one reading, so it waits until this limit's point pools a few.
         far_below = target is not None and target < (1 - _FAR) * self._limit
-        if not far_below and not probed and (known < 1 or (target is not None and known < _DWELL_READINGS)):
+        # After a rescale the curve's top is a guess (only this limit is measured anew), so a knee read
+        # off it only ever lies below this limit: acting on it is how the limit crept down after a
+        # backend recovered. The top is measured again first (the climb-sized probe, due at once).
+        if self._reclimb and known >= 1:
+            target = None
+        elif not far_below and not probed and (known < 1 or (target is not None and known < _DWELL_READINGS)):
             return self._hold(obs, Reason.SETTLING, knee=target)
         if target is not None and target != self._limit:
             self._detail["curve"] = self._curve.as_dict()

@@ -66,15 +66,31 @@ class AimdConfig:
 
 @dataclass(frozen=True, slots=True)
 class StartPoint:
-    """Where to start: a sweep's measured sweet spot, and the peak throughput it measured."""
+    """Where to start: a sweep's measured sweet spot, the peak throughput it measured, and the
+    throughput it measured at each level (concurrency, output tokens/s), up to its peak.
+
+    The levels are a measurement of the curve the controller would otherwise have to measure again:
+    they bracket the knee from the start, so the controller holds the sweep's answer instead of
+    stepping down to find out whether the knee lies lower. They are a prior, not a truth: local
+    readings pool into them and replace them within a few readings, and readings far off (another
+    backend, another mix) rescale them as any change of the world does."""
 
     limit: int
     peak_tokens_per_s: float | None = None
+    levels: tuple[tuple[int, float], ...] = ()
 
     @classmethod
     def from_sweep(cls, result: Any) -> "StartPoint | None":
-        """From a :class:`gateway.bench.result.SweepResult` (None when the sweep found no sweet spot)."""
+        """From a :class:`gateway.bench.result.SweepResult` (None when the sweep found no sweet spot).
+        Levels past the peak (a cliff) or with failed requests are left out: the curve the controller
+        keeps is the part below the cliff, where throughput never falls as concurrency rises."""
         spot = getattr(result, "sweet_spot", None)
         if spot is None:
             return None
-        return cls(limit=int(spot.concurrency), peak_tokens_per_s=float(result.peak_tokens_per_s))
+        top = getattr(result, "peak_concurrency", None)
+        levels = tuple(sorted(
+            (int(level.concurrency), float(level.output_tokens_per_s))
+            for level in getattr(result, "levels", ())
+            if level.output_tokens_per_s > 0 and not level.failed and (top is None or level.concurrency <= top)
+        ))
+        return cls(limit=int(spot.concurrency), peak_tokens_per_s=float(result.peak_tokens_per_s), levels=levels)

@@ -15,6 +15,7 @@ GPU, a co-tenant, a recovery) keeps the shape of its curve, and so its knee.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 MAX_WEIGHT = 6  # the running mean weighs at most this many readings, so it keeps following drift
@@ -35,12 +36,16 @@ class Curve:
         self.shift = shift  # relative deviation from expectation that means "the world changed"
         self.points: dict[int, Point] = {}
         self._deviation = 0  # consecutive deviating settled readings, signed by direction
+        self._normal_at = -math.inf  # when the last settled reading the curve expected started
 
     def _expected(self, limit: int) -> tuple[float, float, float] | None:
         """(low, mid, high) of what a reading at ``limit`` should be, from the curve as it is."""
         point = self.points.get(limit)
         if point is not None and point.settled:
             return (1 - self.shift) * point.mean, point.mean, (1 + self.shift) * point.mean
+        return self._expected_from_neighbours(limit)
+
+    def _expected_from_neighbours(self, limit: int) -> tuple[float, float, float] | None:
         settled = sorted((key, p.mean) for key, p in self.points.items() if p.settled and key != limit)
         below = [(key, mean) for key, mean in settled if key < limit]
         above = [(key, mean) for key, mean in settled if key > limit]
@@ -74,11 +79,15 @@ class Curve:
                     return False  # one reading can be a transient: a prefill burst, a recompute
                 # The readings that revealed the change straddle it (requests of the old mix still
                 # finishing): they give the factor, and the curve, this limit's point included, is
-                # measured again from here on.
-                self.rescale(rate / expected[1], before=now + 1)
+                # measured again from here on. First readings since the last expected one may have
+                # seen either world, so they are dropped rather than scaled.
+                factor = rate / expected[1]
+                self.points = {key: p for key, p in self.points.items() if p.settled or p.at <= self._normal_at}
+                self.rescale(factor, before=now + 1)
                 self._deviation = 0
                 return True
             self._deviation = 0
+            self._normal_at = max(self._normal_at, now)
         point = self.points.get(limit)
         if point is None or (settled and not point.settled):
             self.points[limit] = Point(rate, 1.0, 1, now, settled)
@@ -175,6 +184,14 @@ class Curve:
                 return math.ceil(_crossing(low, low_rate, limit, rate, threshold) - 1e-9), True
             previous = (limit, rate)
         return fitted[-1][0], True
+
+    def seed(self, levels: Iterable[tuple[int, float]]) -> None:
+        """Start from readings measured elsewhere (a sweep): settled points of one reading each, taken
+        before any local one (so any rescale scales them), which the first local readings at their
+        limits outweigh."""
+        for limit, rate in levels:
+            if limit >= 1 and rate > 0:
+                self.points[limit] = Point(rate, 1.0, 1, -math.inf, True)
 
     def forget_above(self, limit: int) -> None:
         """Drop readings at limits above ``limit`` (they ran into congestion: not attainable)."""

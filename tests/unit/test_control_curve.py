@@ -84,3 +84,22 @@ def test_readings_of_a_congested_limit_are_forgotten() -> None:
     curve.forget_above(40)
     assert sorted(curve.points) == [16, 32]
     assert curve.as_dict() == {"16": 950.0, "32": 1230.0}
+
+
+def test_a_sweep_seeds_the_curve_and_local_readings_outweigh_it() -> None:
+    curve = Curve()
+    curve.seed([(16, 905.0), (24, 1080.0), (32, 1156.0), (48, 1202.0)])
+    found = curve.knee(0.97)
+    assert found is not None and found[1] and 32 < found[0] < 48  # bracketed from the start
+    for now in (10.0, 20.0, 30.0):
+        curve.add(32, 1100.0, now)  # within 12% of the sweep's reading: pooled, and it dominates
+    assert curve.rate(32) is not None and 1100.0 < curve.rate(32) < 1120.0
+
+
+def test_first_readings_of_uncertain_world_are_dropped_on_a_rescale() -> None:
+    curve = curve_of({16: 900.0, 32: 1150.0, 48: 1200.0})
+    curve.add(24, 540.0, 5.0, settled=False)  # a first reading: the old backend or the new one?
+    assert not curve.add(32, 575.0, 10.0)
+    assert curve.add(32, 580.0, 20.0)  # two readings at half: the backend got 2x slower
+    assert 24 not in curve.points
+    assert curve.rate(16) == pytest.approx(900.0 * 580.0 / 1150.0)
