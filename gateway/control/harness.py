@@ -53,6 +53,12 @@ class Conditions:
     error_rate: float = 0.0  # share of submissions the backend fails at once
     metrics: str = "live"  # "live", "frozen" (stale: the last scrape stays), "none" (never scraped)
     frozen_headroom: Headroom | None = None  # what a frozen /metrics keeps reporting, if given
+    # The hop from the gateway to the engine: an admitted request reaches the engine after a delay
+    # drawn from [0, hop_s]. Over HTTP it lands at any moment of an engine step and waits in the
+    # backend's queue for the next one, which is what a scrape of the waiting gauge then finds (vLLM
+    # reports it per step). With 0 it is submitted at the step end that freed its permit, and the
+    # engine admits it before anyone could look.
+    hop_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -81,6 +87,7 @@ class Trace:
     finished: list[Finished] = field(default_factory=list)
     ticks: list[Tick] = field(default_factory=list)
     kv_usage: list[tuple[float, float]] = field(default_factory=list)
+    waiting: list[tuple[float, int]] = field(default_factory=list)  # the backend's queue at each scrape
     preemptions: list[tuple[float, int]] = field(default_factory=list)  # (time, cumulative)
 
     def limits(self, gateway: int = 0) -> list[tuple[float, int]]:
@@ -196,6 +203,8 @@ class Harness:
                 self._arrive(*payload)  # type: ignore[misc]
             elif kind == "tick":
                 self._tick(payload)  # type: ignore[arg-type]
+            elif kind == "submit":
+                self._submit(payload)  # type: ignore[arg-type]
             elif kind == "scrape":
                 self._scrape()
             self._kick()
@@ -244,12 +253,19 @@ class Harness:
             request.admitted = self.now
             gw.inflight += 1
             gw.peak = max(gw.peak, gw.inflight)
-            try:
-                sid = self.engine.submit(request.prompt, request.output, self.now, ignore_eos=True)
-            except InjectedError:
-                self._end(request, Outcome.UPSTREAM_ERROR)
-                continue
-            self._by_sid[sid] = request
+            hop = self.conditions.hop_s if self.conditions is not None else 0.0
+            if hop > 0:  # drawn only with a hop: runs without one keep their random sequence
+                self._push(self.now + self.rng.uniform(0.0, hop), "submit", request)
+            else:
+                self._submit(request)
+
+    def _submit(self, request: _Request) -> None:
+        try:
+            sid = self.engine.submit(request.prompt, request.output, self.now, ignore_eos=True)
+        except InjectedError:
+            self._end(request, Outcome.UPSTREAM_ERROR)
+            return
+        self._by_sid[sid] = request
 
     def _end(self, request: _Request, outcome: Outcome) -> None:
         gw = self.gateways[request.gateway]
@@ -294,6 +310,7 @@ class Harness:
         self._push(self.now + self.scrape_interval_s, "scrape", None)
         engine = self.engine
         self.trace.kv_usage.append((self.now, engine.kv_usage))
+        self.trace.waiting.append((self.now, engine.num_waiting))
         mode = self.conditions.metrics if self.conditions is not None else "live"
         if mode == "live":
             self._headroom = Headroom(

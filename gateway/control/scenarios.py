@@ -17,6 +17,17 @@ Checks (the issue's acceptance criteria):
 - ``below_onset``: after convergence the limit stays below the smallest static limit that preempted.
 - ``backs_off``: the limit ends the phase at most half of where it started (an error storm).
 - ``fair``: every gateway's median limit is within 25% of the gateways' mean (a fair share).
+- ``quiet_queue``: the backend's waiting gauge, scraped as a scraper reads it, was non-zero in at least
+  ``NOISY_QUEUE_SHARE`` of the scrapes (else the phase tests nothing), and no decrease said
+  ``backend_queue``: requests in transit to the next engine step are not a queue.
+- ``no_creep``: from ``CONVERGE_S`` after the phase start, the limit never falls under the band.
+- ``no_gateway_queue``: from ``CONVERGE_S`` after the phase start, nothing waits in the gateway's queue
+  (the demand is under the sweet spot: a limit under the demand is a limit that crept down).
+
+A scenario may start from a sweep (``sweep``): the levels ``SWEEP_LEVELS`` measured as static limits
+under the given conditions (what ``sweetspot sweep`` measures), the smallest reaching
+``SWEEP_FRACTION`` of their peak as the sweet spot, handed to the controller as its
+:class:`StartPoint`, as ``--sweep-result`` does.
 """
 
 from __future__ import annotations
@@ -24,8 +35,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from gateway.control.config import AimdConfig
-from gateway.control.evaluate import Oracle, goodput, oracle, tpot_p99
+from gateway.control.algorithm import Reason
+from gateway.control.config import AimdConfig, StartPoint
+from gateway.control.evaluate import Oracle, goodput, oracle, static_point, tpot_p99
 from gateway.control.harness import Conditions, Harness, Workload
 from gateway.control.observation import Headroom
 from gateway.sim.profiles import get_profile
@@ -35,12 +47,17 @@ BAND = 0.2
 IN_BAND_SHARE = 0.8
 GOODPUT_RATIO = 0.95
 FAIR_SHARE = 0.25
+NOISY_QUEUE_SHARE = 0.25
+SWEEP_LEVELS = (16, 24, 32, 48)  # the demo's
+SWEEP_FRACTION = 0.9  # `sweetspot sweep`'s default
 
 QWEN = "qwen3.6-35b-a3b-32gb"
 LLAMA_TIGHT_KV = "llama3.1-8b-24gb"
 CHAT = Workload(prompt=(256, 768), output=(256, 768))
 SHORT = Workload(prompt=(256, 768), output=(64, 256))
 LONG = Workload(prompt=(256, 768), output=(768, 1536))
+DEMO = Workload(prompt=(256, 256), output=(64, 192))  # `sweetspot demo`'s
+TINY = Workload(prompt=(256, 256), output=(16, 48))  # many requests a second: arrivals in every step
 OVERLOAD = (80,)
 FULL = ("converge", "goodput", "tpot")
 
@@ -61,6 +78,16 @@ class Scenario:
     phases: tuple[Phase, ...]
     seed: int = 1
     initial_limit: int = 8
+    sweep: Conditions | None = None  # start from a sweep measured under these conditions
+
+
+def sweep_start(profile: str, conditions: Conditions, config: AimdConfig, seed: int) -> StartPoint:
+    """What ``sweetspot sweep`` would hand the controller for a backend under ``conditions``."""
+    levels = [(level, static_point(profile, conditions, config, level, seed).tokens_per_s) for level in SWEEP_LEVELS]
+    peak = max(rate for _, rate in levels)
+    spot = next(level for level, rate in levels if rate >= SWEEP_FRACTION * peak)
+    top = next(level for level, rate in levels if rate >= peak)
+    return StartPoint(spot, peak, tuple((level, rate) for level, rate in levels if level <= top))
 
 
 # What a frozen /metrics endpoint keeps saying: the KV cache full and a queue, from a scrape long ago.
@@ -95,6 +122,20 @@ SCENARIOS: tuple[Scenario, ...] = (
              QWEN, (Phase("busy", 120, Conditions(OVERLOAD, CHAT)),
                     Phase("idle", 120, Conditions((0,), CHAT), ("no_drift",)),
                     Phase("busy again", 90, Conditions(OVERLOAD, CHAT)))),
+    Scenario("backend_queue_noise", "short answers through an HTTP hop: the backend's waiting gauge is often "
+             "non-zero between engine steps, which is not a queue",
+             QWEN, (Phase("overload", 240, Conditions(OVERLOAD, TINY, hop_s=0.01), (*FULL, "quiet_queue")),)),
+    Scenario("start_from_sweep", "starts at a sweep's sweet spot (with its levels), light load, then a surge",
+             QWEN, (Phase("light", 16, Conditions((4,), DEMO), ("no_drift",)),
+                    Phase("surge", 150, Conditions((64,), DEMO))),
+             sweep=Conditions((64,), DEMO)),
+    Scenario("slowdown_then_calm", "the backend slows 2x and recovers, then demand drops under the sweet spot: "
+             "no creep down from readings of the slow period, nothing queued at 16 clients",
+             QWEN, (Phase("normal", 120, Conditions(OVERLOAD, DEMO, hop_s=0.01)),
+                    Phase("2x slower", 60, Conditions(OVERLOAD, DEMO, speed_factor=2.0, hop_s=0.01), ("tpot",)),
+                    Phase("recovered", 90, Conditions(OVERLOAD, DEMO, hop_s=0.01), ("goodput", "tpot", "no_creep")),
+                    Phase("calm", 60, Conditions((16,), DEMO, hop_s=0.01), ("no_drift", "no_gateway_queue"))),
+             sweep=Conditions(OVERLOAD, DEMO)),
     Scenario("two_gateways", "two gateways, 40 clients each, share one backend",
              QWEN, (Phase("shared", 240, Conditions((40, 40), CHAT), ("fair", "goodput", "tpot")),)),
 )
@@ -139,7 +180,9 @@ def run(scenario: Scenario, config: AimdConfig | None = None) -> list[PhaseResul
     config = config or AimdConfig()
     profile = get_profile(scenario.profile)
     gateways = len(scenario.phases[0].conditions.clients)
-    harness = Harness(profile, config, gateways=gateways, seed=scenario.seed, initial_limit=scenario.initial_limit)
+    start = None if scenario.sweep is None else sweep_start(scenario.profile, scenario.sweep, config, scenario.seed)
+    harness = Harness(profile, config, gateways=gateways, seed=scenario.seed, initial_limit=scenario.initial_limit,
+                      start=start)
     results = []
     for phase in scenario.phases:
         start = harness.now
@@ -152,7 +195,7 @@ def run(scenario: Scenario, config: AimdConfig | None = None) -> list[PhaseResul
 
 def _judge(scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfig, start: float, end: float,
            before: list[int]) -> PhaseResult:
-    needs_oracle = bool(set(phase.checks) & {"converge", "goodput", "below_onset"})
+    needs_oracle = bool(set(phase.checks) & {"converge", "goodput", "below_onset", "no_creep"})
     the_oracle = oracle(scenario.profile, phase.conditions, config, scenario.seed) if needs_oracle else None
     sweet = the_oracle.sweet_spot if the_oracle is not None else 0
     band = ((1 - BAND) * sweet, (1 + BAND) * sweet)
@@ -205,6 +248,26 @@ def _judge(scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfi
             last = per_gateway[0][-1][1] if per_gateway[0] else before[0]
             if last > before[0] / 2:
                 failures.append(f"limit {last} after the storm, more than half of {before[0]}")
+        elif check == "quiet_queue":
+            scraped = [waiting for t, waiting in harness.trace.waiting if start < t <= end]
+            noisy = sum(1 for waiting in scraped if waiting > 0) / max(len(scraped), 1)
+            if noisy < NOISY_QUEUE_SHARE:
+                failures.append(f"the backend's queue was non-empty in only {noisy:.0%} of scrapes: nothing tested")
+            cuts = [t for t in harness.trace.ticks
+                    if start < t.now <= end and t.action == "decrease" and t.reason == Reason.BACKEND_QUEUE.value]
+            if cuts:
+                failures.append(f"{len(cuts)} backend_queue decrease(s) (first at {cuts[0].now - start:.0f} s) with "
+                                f"the backend's queue non-empty in {noisy:.0%} of scrapes, max {max(scraped)}")
+        elif check == "no_creep" and the_oracle is not None:
+            low = [t for t in harness.trace.ticks if judged_from <= t.now <= end and t.limit < band[0]]
+            if low:
+                failures.append(f"crept under the band: limit {min(t.limit for t in low)} at {len(low)} tick(s), "
+                                f"first {low[0].now - start:.0f} s into the phase (band {band[0]:.1f}-{band[1]:.1f})")
+        elif check == "no_gateway_queue":
+            queued = [t for t in harness.trace.ticks if judged_from <= t.now <= end and t.queue > 0]
+            if queued:
+                failures.append(f"requests queued in the gateway at {len(queued)} tick(s) (first at "
+                                f"{queued[0].now - start:.0f} s, limit {queued[0].limit}) under a demand below the sweet spot")
         elif check == "fair":
             medians = [statistics.median(limit for t, limit in ticks if t >= start + CONVERGE_S) for ticks in per_gateway]
             mean = sum(medians) / len(medians)
