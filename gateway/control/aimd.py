@@ -66,7 +66,9 @@ class Aimd:
         self.config = config
         first = start.limit if start is not None else initial_limit
         self._limit = min(max(first, config.limit_min), config.limit_max)
-        self._phase = CRUISE if start is not None else SLOW_START
+        self._phase = SLOW_START if start is None else CRUISE
+        if start is not None and start.levels and self._limit >= max(level for level, _ in start.levels):
+            self._phase = CLIMB  # the sweep never saw its curve flatten: the top is still to find
         self._peak_reference = start.peak_tokens_per_s if start is not None else None
         self._ssthresh: int | None = None
         self._probe: _Probe | None = None

@@ -79,11 +79,13 @@ class Scenario:
     seed: int = 1
     initial_limit: int = 8
     sweep: Conditions | None = None  # start from a sweep measured under these conditions
+    sweep_levels: tuple[int, ...] = SWEEP_LEVELS
 
 
-def sweep_start(profile: str, conditions: Conditions, config: AimdConfig, seed: int) -> StartPoint:
+def sweep_start(profile: str, conditions: Conditions, config: AimdConfig, seed: int,
+                levels_swept: tuple[int, ...] = SWEEP_LEVELS) -> StartPoint:
     """What ``sweetspot sweep`` would hand the controller for a backend under ``conditions``."""
-    levels = [(level, static_point(profile, conditions, config, level, seed).tokens_per_s) for level in SWEEP_LEVELS]
+    levels = [(level, static_point(profile, conditions, config, level, seed).tokens_per_s) for level in levels_swept]
     peak = max(rate for _, rate in levels)
     spot = next(level for level, rate in levels if rate >= SWEEP_FRACTION * peak)
     top = next(level for level, rate in levels if rate >= peak)
@@ -129,6 +131,10 @@ SCENARIOS: tuple[Scenario, ...] = (
              QWEN, (Phase("light", 16, Conditions((4,), DEMO), ("no_drift",)),
                     Phase("surge", 150, Conditions((64,), DEMO))),
              sweep=Conditions((64,), DEMO)),
+    Scenario("start_from_short_sweep", "starts from a sweep that stopped before the curve flattened (4, 8, 16): "
+             "the sweet spot it reports is too low, and the controller climbs from it",
+             QWEN, (Phase("surge", 150, Conditions((64,), DEMO), ("goodput", "tpot")),),
+             sweep=Conditions((64,), DEMO), sweep_levels=(4, 8, 16)),
     Scenario("slowdown_then_calm", "the backend slows 2x and recovers, then demand drops under the sweet spot: "
              "no creep down from readings of the slow period, nothing queued at 16 clients",
              QWEN, (Phase("normal", 120, Conditions(OVERLOAD, DEMO, hop_s=0.01)),
@@ -180,7 +186,8 @@ def run(scenario: Scenario, config: AimdConfig | None = None) -> list[PhaseResul
     config = config or AimdConfig()
     profile = get_profile(scenario.profile)
     gateways = len(scenario.phases[0].conditions.clients)
-    start = None if scenario.sweep is None else sweep_start(scenario.profile, scenario.sweep, config, scenario.seed)
+    start = None if scenario.sweep is None else sweep_start(scenario.profile, scenario.sweep, config, scenario.seed,
+                                                            scenario.sweep_levels)
     harness = Harness(profile, config, gateways=gateways, seed=scenario.seed, initial_limit=scenario.initial_limit,
                       start=start)
     results = []
