@@ -45,6 +45,7 @@ from gateway.demo.script import DEFAULT, QUICK, Script, default_workload, gatewa
 from gateway.demo.summary import overall, summarize
 from gateway.demo.timeline import Sample, build_sample
 from gateway.demo.view import PlainView, make_view
+from gateway.settings import Settings
 
 DEFAULT_PROFILE = "qwen3.6-35b-a3b-32gb"
 
@@ -155,9 +156,11 @@ async def _drive(gateway_url: str, sim_url: str, model: str, script: Script, wor
 
 def _sweep(console: Console, sim_url: str, script: Script, workload: Workload, time_scale: float,
            out: Path) -> SweepResult:
+    # The sweep judges the sweet spot by the controller's own criterion (the smallest concurrency reaching
+    # knee_fraction of the peak), so the two numbers the summary compares mean the same thing.
     config = SweepConfig(url=sim_url, levels=script.sweep_levels, duration_s=script.sweep_measure_s,
                          workload=workload, slo=scaled_slo(time_scale), request_timeout_s=120.0,
-                         level_timeout_s=120.0)
+                         level_timeout_s=120.0, fraction=Settings().knee_fraction)
     try:
         with sweep_progress(console) as progress:
             result = asyncio.run(run_sweep(config, progress))

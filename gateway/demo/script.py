@@ -75,7 +75,7 @@ DEFAULT_PHASES = (
     Phase("calm", 16, 7.0, story="16 clients: below the sweet spot again, nothing queues"),
 )
 
-DEFAULT = Script(phases=DEFAULT_PHASES, sweep_levels=(16, 24, 32, 48), sweep_measure_s=3.0)
+DEFAULT = Script(phases=DEFAULT_PHASES, sweep_levels=(16, 24, 32, 40, 48), sweep_measure_s=3.0)
 # The CI variant: the same phases and code path, fewer and shorter sweep levels, phases 5x shorter.
 QUICK = replace(DEFAULT.scaled(0.2), sweep_levels=(8, 16, 32), sweep_measure_s=2.0)
 
