@@ -245,9 +245,10 @@ def test_client_hang_up_mid_stream_frees_the_slot_and_the_permit(llama, gateway)
 
 
 async def test_burst_of_mixed_requests_loses_nothing(llama, gateway) -> None:
-    """llama-server closes its connection after every streamed reply while announcing keep-alive; the gateway's
-    pooled connections go stale that way all the time, and each request must still succeed (the gateway
-    resends a request whose connection died before any byte came back)."""
+    """llama-server closes its connection after every streamed reply while announcing keep-alive, and a queue
+    forms and drains in front of its slots: every request must still succeed. (The gateway closes connections
+    that carried a stream instead of pooling them, and resends a request whose pooled connection died before
+    any byte came back; the resends are counted in sweetspot_upstream_retries_total{reason="stale_connection"}.)"""
     rng = random.Random(7)
     client = openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=120)
     plan = [(rng.choice(["chat", "completions"]), rng.random() < 0.5, rng.randint(1, 24)) for _ in range(60)]
@@ -278,6 +279,38 @@ async def test_burst_of_mixed_requests_loses_nothing(llama, gateway) -> None:
     retries = metric_value(f"{gateway}/metrics", "sweetspot_upstream_retries_total",
                            {"upstream": llama.url, "reason": "stale_connection"}) or 0.0
     print(f"stale-connection resends so far: {retries:.0f}")
+
+
+async def test_many_concurrent_streams_on_a_fast_server_lose_nothing(processes) -> None:
+    """Streams at the rate a near-free model serves them, 32 at a time. Each streamed reply leaves llama-server's
+    side of its connection closed; when the gateway pooled those connections, a request could draw a dead one on
+    every resend and fail with 502 (1 to 5 requests in 800 here), so the gateway closes them instead."""
+    import aiohttp
+
+    from gateway.testing.llama_process import NEAR_FREE_ALIAS, NEAR_FREE_MODEL
+    from gateway.testing.tiny_gguf import ensure_model
+
+    config = dataclasses.replace(llama_config(parallel=32, threads=1), model=ensure_model(NEAR_FREE_MODEL),
+                                 alias=NEAR_FREE_ALIAS)
+    upstream = start_llama_server(processes, config).url
+    gateway = start_gateway(processes, [upstream], "--no-control", "--initial-limit", "32").url
+    body = {"model": NEAR_FREE_ALIAS, "messages": CHAT, "max_tokens": 32, "ignore_eos": True, "stream": True}
+    failures: list[str] = []
+    done = 0
+
+    async def client(session: aiohttp.ClientSession, count: int) -> None:
+        nonlocal done
+        for _ in range(count):
+            async with session.post(f"{gateway}/v1/chat/completions", json=body) as resp:
+                text = await resp.text()
+            if resp.status != 200 or '"error"' in text or not text.rstrip().endswith("data: [DONE]"):
+                failures.append(f"{resp.status}: {text[:200]}")
+            done += 1
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        await asyncio.gather(*(client(session, 25) for _ in range(32)))
+    assert done == 800 and not failures, failures[:3]
+    assert outcomes(gateway, upstream, "upstream_error") == 0
 
 
 # --- outages: a server killed mid-stream, a server still loading ------------------------------------------------------
