@@ -14,12 +14,13 @@ Each tick, the first rule that applies decides:
 5. **The knee**, from throughput *read at one limit* (:mod:`gateway.control.meter`) after it settled,
    pooled per limit on a curve (:mod:`gateway.control.curve`). Slow start doubles while a doubling
    pays (marginal tokens/s per added slot >= ``marginal_gain_min`` x the average below); a climb in
-   quarter steps does the same once a doubling was cut short. Then the limit sits at the knee: the
-   smallest limit reaching ``knee_fraction`` of the best measured throughput, plus ``knee_margin``. Every
-   ``reprobe_s`` one step beside it is measured (alternately up and down, every third step up
-   climb-sized), so the curve, and a backend that got faster or slower, are found again. Steps up
-   never take more than 3/4 of the KV room left (:mod:`gateway.control.capacity`), and a step whose
-   reading predicts p99 TPOT over its objective (:mod:`gateway.control.tpot`) is undone at once.
+   quarter steps does the same once a doubling was cut short. Then the limit sits at the knee
+   (:mod:`gateway.control.knee`): the smallest limit reaching ``knee_fraction`` of the best measured
+   throughput, plus ``knee_margin``. Every ``reprobe_s`` one step beside it is measured (alternately
+   up and down, every third step up climb-sized), so the curve, and a backend that got faster or
+   slower, are found again. Steps up never take more than 3/4 of the KV room left
+   (:mod:`gateway.control.capacity`), and a step whose reading predicts p99 TPOT over its objective
+   (:mod:`gateway.control.tpot`) is undone at once.
 
 Why throughput and not end-to-end latency: an LLM request's duration grows with its output length, so
 latency-gradient algorithms (Envoy's adaptive concurrency, Netflix Gradient2) read a shift to longer
@@ -29,14 +30,15 @@ TTFT and TPOT are per-token quantities that do not. ``docs/controller.md`` has t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.control.algorithm import Action, Decision, Reason
-from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.capacity import kv_room, over_share
+from gateway.control.ceiling import Ceiling
+from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.curve import Curve
+from gateway.control.knee import CLIMB_STEP, knee_target, paid, probe_step
 from gateway.control.meter import Readings
 from gateway.control.observation import Observation
 from gateway.control.signals import CongestionDetector, Signal
@@ -46,10 +48,8 @@ SLOW_START = "slow_start"  # doubling from the start (or back towards the last g
 CLIMB = "climb"  # a doubling ran into headroom: climbing to the top of the curve in quarter steps
 CRUISE = "cruise"  # at the knee, with a probe beside it every re-probe period
 _CLIMB_EVERY = 3  # every third up-probe is climb-sized, to keep the top of the curve fresh
-_CLIMB_STEP = 0.25  # climb steps are a quarter of the limit: a step's gain must stand out of the noise
 _DWELL_READINGS = 3  # settled readings at a limit before the curve may move it a little
 _FAR = 0.2  # ... but a knee this far below (share of the limit) is acted on after one reading
-_KNEE_DEAD_BAND = 0.05  # the knee must move by more than this share of the limit to move the limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +75,7 @@ class Aimd:
         self._next_probe_at: float | None = None
         self._next_direction = 1
         self._last_decrease_at: float | None = None
-        self._ceiling: int | None = None
-        self._ceiling_until = 0.0
+        self._ceiling = Ceiling()
         self._curve = Curve()
         if start is not None:
             self._curve.seed(start.levels)  # the sweep's curve: its knee is already bracketed
@@ -180,7 +179,7 @@ class Aimd:
             recovering = self._phase == SLOW_START and self._ssthresh is not None
             self._ssthresh = max(congested_at, self._ssthresh or 0) if recovering else congested_at
             self._phase = SLOW_START
-            self._ceiling = None
+            self._ceiling.clear()
         else:
             # A doubling that hit congestion leaves the top of the curve between the two limits.
             searching = probe is not None and probe.kind == SLOW_START and self._ssthresh is None
@@ -191,20 +190,15 @@ class Aimd:
         return self._change(obs, new, signal.reason, Action.DECREASE)
 
     def _set_ceiling(self, now: float, ceiling: int) -> None:
-        self._ceiling = max(ceiling, self.config.limit_min)
-        self._ceiling_until = now + 2 * self.config.reprobe_s
-
-    def _ceiling_at(self, now: float) -> int | None:
-        if self._ceiling is not None and now >= self._ceiling_until:
-            self._ceiling = None
-        return self._ceiling
+        """After congestion: not retried for two re-probe periods (a blocked step: one, see _blocked)."""
+        self._ceiling.set(now, ceiling, floor=self.config.limit_min, hold_s=2 * self.config.reprobe_s)
 
     # --- the knee search -------------------------------------------------------------------------
     def _top(self, obs: Observation, hi: int) -> int:
         """The highest limit an increase may go to now: bounds, the ceiling, and the KV cache's room."""
         if self._blocked_by is not None:
             return self._limit  # inside a signal's hysteresis band: no increase at all
-        ceiling = self._ceiling_at(obs.now)
+        ceiling = self._ceiling.at(obs.now)
         top = hi if ceiling is None else max(min(hi, ceiling), self.config.limit_min)
         room = kv_room(obs, self.config)
         if room is not None:
@@ -240,7 +234,7 @@ class Aimd:
     def _climb(self, obs: Observation, lo: int, hi: int) -> Decision:
         if not self._curve.settled(self._limit):
             return self._hold(obs, Reason.SETTLING)  # the climb's base needs a settled reading
-        step = max(1, round(_CLIMB_STEP * self._limit))
+        step = max(1, round(CLIMB_STEP * self._limit))
         target = min(self._limit + step, self._top(obs, hi))
         if target <= self._limit:
             self._phase = CRUISE
@@ -255,7 +249,7 @@ class Aimd:
         self._phase = CRUISE
         known = self._curve.weight(self._limit)
         top = self._top(obs, hi)
-        target = self._knee_target(lo, top)
+        target = knee_target(self._curve, self.config, self._limit, lo, top)
         # A knee far below is plain from a first reading (slow start ran past it); anything else could
         # be the noise of one reading, so it waits until this limit's point pools a few.
         far_below = target is not None and target < (1 - _FAR) * self._limit
@@ -276,7 +270,7 @@ class Aimd:
         if yielded is not None:
             return yielded
         self._next_probe_at = None
-        step = self._probe_step()
+        step = probe_step(self.config, self._limit)
         # Down-probes measure where the knee itself is estimated to be (the limit sits a margin above
         # it), since the estimate between two far-apart readings is the least certain part.
         found = self._curve.knee(self.config.knee_fraction)
@@ -290,7 +284,7 @@ class Aimd:
                 # Now and then (and first after the backend changed) look further up than one step:
                 # the top of the curve is what the knee is measured against, and it goes stale.
                 self._up_probes, self._reclimb = 0, False
-                climb = min(max(self._limit + step, self._limit + round(_CLIMB_STEP * self._limit)), top)
+                climb = min(max(self._limit + step, self._limit + round(CLIMB_STEP * self._limit)), top)
                 return self._begin(obs, climb, CLIMB, Reason.PROBE)
             target = up
         else:
@@ -305,34 +299,13 @@ class Aimd:
             self._next_probe_at = now + self.config.reprobe_s
         return now >= self._next_probe_at
 
-    def _probe_step(self) -> int:
-        return max(1, round(self.config.probe_step_scale * math.sqrt(self._limit)))
-
     def _yield(self, obs: Observation, lo: int, *, room_to_grow: bool) -> Decision | None:
         """Give a probe step back to the others on a full, shared backend (see ``capacity.over_share``)."""
-        step = self._probe_step()
+        step = probe_step(self.config, self._limit)
         if not over_share(obs, self.config, room_to_grow=room_to_grow) or self._limit - step < lo:
             return None
         self._next_probe_at = obs.now + self.config.reprobe_s
         return self._change(obs, self._limit - step, Reason.FAIR_SHARE)
-
-    def _knee_target(self, lo: int, top: int) -> int | None:
-        """Where the curve says to sit, or None to stay: the knee plus ``knee_margin``, never past
-        the highest measured limit (exploring up is the climb's job). When even the lowest measured
-        limit reaches the knee's throughput, the knee may lie lower: step down a quarter to find out.
-        A dead band of a few percent keeps reading-to-reading noise from moving the limit."""
-        found = self._curve.knee(self.config.knee_fraction)
-        if found is None:
-            return None
-        knee, bracketed = found
-        if bracketed:
-            knee = math.ceil(knee * (1 + self.config.knee_margin) - 1e-9)
-        elif knee > lo:
-            return max(lo, math.floor(knee * (1 - _CLIMB_STEP)))
-        knee = min(max(knee, lo), top, max(self._curve.points))
-        if abs(knee - self._limit) <= max(1, round(_KNEE_DEAD_BAND * self._limit)) and self._limit <= top:
-            return None
-        return knee
 
     def _judge(self, obs: Observation, rate: float, lo: int, hi: int) -> Decision:
         """A step was measured (the curve already holds the reading): keep going, or settle."""
@@ -355,10 +328,11 @@ class Aimd:
             return self._change(obs, fit, Reason.TPOT, Action.DECREASE)
         if probe.kind == CRUISE or probe.direction < 0:
             return self._cruise(obs, lo, hi, probed=True)
-        paid = self._paid(probe.base_limit, self._limit, rate)
+        paid_off, judged_on = paid(self._curve, self.config, probe.base_limit, self._limit, rate)
+        self._detail.update(judged_on)
         if probe.kind == SLOW_START:
-            return self._slow_start(obs, lo, hi) if paid else self._cruise(obs, lo, hi, probed=True)
-        return self._climb(obs, lo, hi) if paid else self._cruise(obs, lo, hi, probed=True)
+            return self._slow_start(obs, lo, hi) if paid_off else self._cruise(obs, lo, hi, probed=True)
+        return self._climb(obs, lo, hi) if paid_off else self._cruise(obs, lo, hi, probed=True)
 
     def _blocked(self, obs: Observation, reason: Reason) -> Decision:
         """A step up ran into a headroom signal before it could be measured: undo it, and do not
@@ -368,30 +342,13 @@ class Aimd:
         assert probe is not None
         self._probe = None
         blocked_at = self._limit
-        self._ceiling = max(blocked_at - 1, self.config.limit_min)
-        self._ceiling_until = obs.now + self.config.reprobe_s
+        self._ceiling.set(obs.now, blocked_at - 1, floor=self.config.limit_min, hold_s=self.config.reprobe_s)
         if probe.kind == SLOW_START and self._ssthresh is None:
             self._phase = CLIMB
         else:
             self._phase = CRUISE
             self._ssthresh = None
         return self._change(obs, probe.base_limit, reason, Action.DECREASE)
-
-    def _paid(self, base_limit: int, limit: int, rate: float) -> bool:
-        """Whether the added slots earned at least ``marginal_gain_min`` of the average per-slot
-        throughput below them (the base's rate is the curve's pooled reading, not one sample)."""
-        base_rate = self._curve.rate(base_limit)
-        if base_rate is None or limit <= base_limit:
-            return False
-        marginal = (rate - base_rate) / (limit - base_limit)
-        average = base_rate / base_limit
-        self._detail.update(
-            base_limit=base_limit, base_tokens_per_s=round(base_rate, 2),
-            marginal_per_slot=round(marginal, 3), average_per_slot=round(average, 3),
-        )
-        if base_rate <= 0:
-            return rate > 0
-        return marginal >= self.config.marginal_gain_min * average
 
     # --- bookkeeping -----------------------------------------------------------------------------
     def _change(self, obs: Observation, limit: int, reason: Reason, action: Action | None = None) -> Decision:
@@ -424,8 +381,8 @@ class Aimd:
             "limit": self._limit,
             "phase": self._phase,
             "ssthresh": self._ssthresh,
-            "ceiling": self._ceiling,
-            "ceiling_until": self._ceiling_until if self._ceiling is not None else None,
+            "ceiling": self._ceiling.value,
+            "ceiling_until": self._ceiling.until if self._ceiling.value is not None else None,
             "probe": None if probe is None else {
                 "direction": "up" if probe.direction > 0 else "down", "base_limit": probe.base_limit,
                 "kind": probe.kind,

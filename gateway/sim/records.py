@@ -1,0 +1,74 @@
+"""What the engine keeps about a request, and what one step reports.
+
+Kept apart from the scheduler (:mod:`gateway.sim.engine`) because everything that consumes the
+engine (the HTTP runner, the scenario harness, the oracle, the tests) reads these records, while
+only the engine writes them. A sequence is one small slotted object on purpose: long runs hold
+thousands of them, and stepping touches each one every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WAITING = "waiting"
+RUNNING = "running"
+FINISHED = "finished"
+
+FINISH_LENGTH = "length"  # produced max_tokens
+FINISH_STOP = "stop"  # drew the end-of-sequence token
+FINISH_ABORT = "abort"  # aborted by the caller (client disconnected)
+FINISH_ERROR = "error"  # could never fit in the KV cache
+
+
+class Sequence:
+    """One request inside the engine. Times are on the engine's clock; ``None`` until they happen."""
+
+    __slots__ = (
+        "id", "prompt_len", "max_tokens", "target_len", "generated", "computed", "blocks", "state",
+        "arrival", "scheduled_at", "first_token_at", "last_token_at", "finished_at", "finish_reason",
+        "preemptions",
+    )
+
+    def __init__(self, sid: int, prompt_len: int, max_tokens: int, target_len: int, arrival: float):
+        self.id = sid
+        self.prompt_len = prompt_len
+        self.max_tokens = max_tokens
+        self.target_len = target_len  # tokens it will produce before finishing
+        self.generated = 0  # tokens produced (and delivered) so far
+        self.computed = 0  # tokens whose KV is cached
+        self.blocks = 0  # KV (+ recurrent state) blocks held
+        self.state = WAITING
+        self.arrival = arrival
+        self.scheduled_at: float | None = None  # first time it entered a batch
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.finished_at: float | None = None
+        self.finish_reason: str | None = None
+        self.preemptions = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.state == FINISHED
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.id}, state={self.state}, prompt={self.prompt_len}, "
+                f"generated={self.generated}/{self.target_len}, computed={self.computed})")
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one engine step did. ``tokens`` holds each sequence that produced a token (once per step)."""
+
+    start: float
+    end: float
+    tokens: list[int] = field(default_factory=list)
+    first_tokens: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    decode_seqs: int = 0
+    prefill_tokens: int = 0
+    kv_tokens: int = 0
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
