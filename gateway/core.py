@@ -53,10 +53,17 @@ class Gateway:
         return cls(settings, pool, queue, client, metrics, clock)
 
     def upstream_headers(self, authorization: str | None, request_id: str, *, stream: bool) -> dict[str, str]:
-        """Headers for an upstream request: the configured upstream key replaces the client's."""
+        """Headers for an upstream request: the configured upstream key replaces the client's.
+
+        A streamed request asks for its connection to be closed afterwards: llama-server closes it anyway
+        while announcing keep-alive, and such connections, pooled, pile up dead; under many concurrent
+        streams a request could draw one on each of its resends and fail (1-5 in 800 at 32 streams).
+        Asked in the request, the server says ``Connection: close`` in its reply and the client never pools
+        the connection, however fast the stream ends. A stream outweighs a new connection by far."""
         headers = {"content-type": "application/json", "x-request-id": request_id}
         if stream:
             headers["accept"] = "text/event-stream"
+            headers["connection"] = "close"
         if self.settings.upstream_api_key:
             headers["authorization"] = f"Bearer {self.settings.upstream_api_key}"
         elif authorization:

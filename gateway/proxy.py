@@ -56,15 +56,6 @@ class UpstreamReply:
     def close(self) -> None:
         self.response.close()
 
-    def not_reused(self) -> None:
-        """Close the connection when this reply ends instead of pooling it. llama-server closes its side
-        after every streamed reply while announcing keep-alive; pooled, such connections pile up dead,
-        and under many concurrent streams a request could draw a dead one on every resend (0.4% of
-        requests failed at 32 streams). A stream outweighs a new connection by far."""
-        connection = self.response.connection
-        if connection is not None and connection.protocol is not None:
-            connection.protocol.force_close()
-
 
 class UpstreamClient:
     """One pooled aiohttp session for all upstream traffic."""
@@ -223,7 +214,6 @@ class ProxyStreamResponse(Response):
         super().__init__(status_code=reply.status, headers=headers, media_type="text/event-stream")
         # Response adds content-length: 0 for its empty body; a stream has no length.
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
-        reply.not_reused()
         self._reply = reply
         self._sse = sse
         self._absorb_cancel = absorb_cancel

@@ -246,9 +246,10 @@ def test_client_hang_up_mid_stream_frees_the_slot_and_the_permit(llama, gateway)
 
 async def test_burst_of_mixed_requests_loses_nothing(llama, gateway) -> None:
     """llama-server closes its connection after every streamed reply while announcing keep-alive, and a queue
-    forms and drains in front of its slots: every request must still succeed. (The gateway closes connections
-    that carried a stream instead of pooling them, and resends a request whose pooled connection died before
-    any byte came back; the resends are counted in sweetspot_upstream_retries_total{reason="stale_connection"}.)"""
+    forms and drains in front of its slots: every request must still succeed. (The gateway sends streamed
+    requests with ``Connection: close`` so their connections are never pooled, and resends a request whose
+    pooled connection died before any byte came back, counted in
+    sweetspot_upstream_retries_total{reason="stale_connection"}.)"""
     rng = random.Random(7)
     client = openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=120)
     plan = [(rng.choice(["chat", "completions"]), rng.random() < 0.5, rng.randint(1, 24)) for _ in range(60)]
@@ -284,7 +285,8 @@ async def test_burst_of_mixed_requests_loses_nothing(llama, gateway) -> None:
 async def test_many_concurrent_streams_on_a_fast_server_lose_nothing(processes) -> None:
     """Streams at the rate a near-free model serves them, 32 at a time. Each streamed reply leaves llama-server's
     side of its connection closed; when the gateway pooled those connections, a request could draw a dead one on
-    every resend and fail with 502 (1 to 5 requests in 800 here), so the gateway closes them instead."""
+    every resend and fail with 502 (1 to 5 requests in 800 here), so the gateway asks for streamed requests'
+    connections to be closed (``Connection: close``) and never pools them."""
     import aiohttp
 
     from gateway.testing.llama_process import NEAR_FREE_ALIAS, NEAR_FREE_MODEL
