@@ -59,12 +59,37 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(int(round(q / 100 * (len(ordered) - 1))), len(ordered) - 1)]
 
 
-async def one(session: aiohttp.ClientSession, url: str, model: str, stream: bool, max_tokens: int, run: Run) -> None:
+# llama-server closes its connection after every streamed reply while announcing keep-alive, so a pooled
+# connection can be dead before the request is written. The gateway sends streamed requests upstream with
+# ``Connection: close`` (so those connections are never pooled), and resends a request whose pooled connection
+# died before any byte came back; the direct client does the same (``close_streams``), or half of its streamed
+# requests fail and the comparison measures that instead of the proxy.
+STALE_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+STALE_RETRIES = 2
+
+
+async def post(session: aiohttp.ClientSession, url: str, body: dict, headers: dict[str, str] | None = None
+               ) -> aiohttp.ClientResponse:
+    """POST, resending when the pooled connection turns out to be closed before any byte came back."""
+    for attempt in range(STALE_RETRIES + 1):
+        try:
+            return await session.post(url, json=body, headers=headers)
+        except aiohttp.ClientConnectorError:
+            raise
+        except STALE_ERRORS:
+            if attempt == STALE_RETRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def one(session: aiohttp.ClientSession, url: str, model: str, stream: bool, max_tokens: int, run: Run,
+              close_streams: bool = False) -> None:
     body = {"model": model, "messages": [{"role": "user", "content": "Say something."}],
             "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # from the first attempt, as the gateway's resends count in its latency too
     try:
-        async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+        headers = {"Connection": "close"} if stream and close_streams else None
+        async with await post(session, f"{url}/v1/chat/completions", body, headers) as resp:
             if resp.status != 200:
                 await resp.read()
                 run.errors += 1
@@ -87,17 +112,17 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, stream: bool
 
 
 async def load(url: str, model: str, *, concurrency: int, seconds: float, stream: bool, max_tokens: int,
-               pid: int | None) -> Run:
+               pid: int | None, close_streams: bool = False) -> Run:
     run = Run()
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
-        await one(session, url, model, stream, max_tokens, Run())  # warm the connection pool
+        await one(session, url, model, stream, max_tokens, Run(), close_streams)  # warm the connection pool
         deadline = time.perf_counter() + seconds
         cpu0 = cpu_seconds(pid) if pid else None
 
         async def client() -> None:
             while time.perf_counter() < deadline:
-                await one(session, url, model, stream, max_tokens, run)
+                await one(session, url, model, stream, max_tokens, run, close_streams)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -139,6 +164,21 @@ def start_llama() -> tuple[object, str]:
     return start_near_free_server(parallel=32)
 
 
+def raise_fd_limit(clients: int) -> None:
+    """The memory phase holds ``clients`` connections open in this process and as many in the gateway (which
+    inherits this process's limits): raise the soft limit on open files to what that needs (many systems
+    default to 1024), or stop with the reason before anything starts."""
+    import resource
+
+    needed = clients + 1024  # the clients, plus the pools, pipes and files of everything else
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise SystemExit(f"--clients {clients} needs {needed} open files per process, but the hard limit is "
+                             f"{hard}: raise it (ulimit -Hn, or LimitNOFILE for a service) or pass fewer --clients")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--upstream", help="OpenAI-compatible base URL (default: start llama-server)")
@@ -148,6 +188,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=5000, help="connected clients for the memory phase")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    raise_fd_limit(args.clients)
 
     upstream_proc = None
     if args.upstream:
@@ -193,7 +234,7 @@ async def bench(upstream: str, gateway: str, pid: int, args: argparse.Namespace)
     for name, spec in phases.items():
         direct_runs, gateway_runs = [], []
         for _ in range(args.rounds):
-            direct_runs.append(await load(upstream, model, seconds=args.seconds, pid=None, **spec))
+            direct_runs.append(await load(upstream, model, seconds=args.seconds, pid=None, close_streams=True, **spec))
             gateway_runs.append(await load(gateway, model, seconds=args.seconds, pid=pid, **spec))
         out["phases"][name] = summarise(direct_runs, gateway_runs)
         console.print(f"[dim]{name}: {out['phases'][name]}[/dim]")

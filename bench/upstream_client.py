@@ -29,6 +29,12 @@ console = Console()
 CONCURRENCY = 16
 
 
+# The gateway sends streamed requests upstream with Connection: close (llama-server closes after every streamed
+# reply while announcing keep-alive; pooled, those connections die under the next request), so both clients
+# do the same here: the comparison is of the client as the gateway uses it.
+STREAM_HEADERS = {"Connection": "close"}
+
+
 def body(model: str, stream: bool, max_tokens: int) -> dict:
     return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens,
             "ignore_eos": True, "stream": stream}
@@ -39,7 +45,8 @@ async def with_aiohttp(url: str, model: str, requests: int, stream: bool, max_to
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async def one() -> None:
             nonlocal chunks
-            async with session.post(f"{url}/v1/chat/completions", json=body(model, stream, max_tokens)) as resp:
+            async with await _aiohttp_post(session, f"{url}/v1/chat/completions", body(model, stream, max_tokens),
+                                           STREAM_HEADERS if stream else None) as resp:
                 if stream:
                     async for _ in resp.content.iter_any():
                         chunks += 1
@@ -49,6 +56,21 @@ async def with_aiohttp(url: str, model: str, requests: int, stream: bool, max_to
         return await _drive(one, requests), chunks
 
 
+async def _aiohttp_post(session: aiohttp.ClientSession, url: str, payload: dict,
+                        headers: dict[str, str] | None) -> aiohttp.ClientResponse:
+    """POST as the gateway's proxy does: a request whose pooled connection died before any byte came back is
+    sent again."""
+    for attempt in range(3):
+        try:
+            return await session.post(url, json=payload, headers=headers)
+        except aiohttp.ClientConnectorError:
+            raise
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 async def with_httpx(url: str, model: str, requests: int, stream: bool, max_tokens: int) -> tuple[float, int]:
     chunks = 0
     limits = httpx.Limits(max_connections=CONCURRENCY * 2, max_keepalive_connections=CONCURRENCY * 2)
@@ -56,7 +78,7 @@ async def with_httpx(url: str, model: str, requests: int, stream: bool, max_toke
         async def one() -> None:
             nonlocal chunks
             if stream:
-                async with client.stream("POST", f"{url}/v1/chat/completions",
+                async with client.stream("POST", f"{url}/v1/chat/completions", headers=STREAM_HEADERS,
                                          json=body(model, stream, max_tokens)) as resp:
                     async for _ in resp.aiter_raw():
                         chunks += 1
