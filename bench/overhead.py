@@ -218,8 +218,19 @@ def main() -> None:
     report(results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        # A phase without streamed requests has no TTFT: NaN in Python, null in JSON (NaN is not JSON).
+        args.json.write_text(json.dumps(_nan_to_none(results), indent=2, allow_nan=False) + "\n")
         console.print(f"wrote {args.json}")
+
+
+def _nan_to_none(value: object) -> object:
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {key: _nan_to_none(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_nan_to_none(item) for item in value]
+    return value
 
 
 async def bench(upstream: str, gateway: str, pid: int, args: argparse.Namespace) -> dict:
