@@ -30,8 +30,6 @@ import aiohttp
 
 from gateway.bench.workload import ApiKind, RequestSpec
 
-# Resends of a request whose pooled connection the server had already closed (see StreamClient._post).
-STALE_RETRIES = 2
 REJECT_STATUSES = frozenset({429, 503})  # overload answers (a gateway's queue), not backend failures
 _PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
@@ -180,6 +178,7 @@ class StreamClient:
     def __init__(self, target: Target) -> None:
         self.target = target
         self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None  # never pools: for resends (see _post)
 
     async def __aenter__(self) -> StreamClient:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
@@ -188,9 +187,10 @@ class StreamClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -242,22 +242,25 @@ class StreamClient:
         return record
 
     async def _post(self, payload: bytes, headers: dict[str, str], record: RequestRecord) -> aiohttp.ClientResponse:
-        """POST and wait for the status line, sending again when a pooled connection turns out stale.
+        """POST and wait for the status line, sending once more, on a new connection, when the pooled one
+        turns out stale.
 
         llama-server closes the connection after every streamed reply while announcing keep-alive; a
-        request written on it right after fails before the server has read it, so it is safe to resend
-        (the gateway's proxy does the same). The clock restarts: the failed attempt cost the server nothing.
+        request written on it right after fails before the server has read it, so it is safe to resend.
+        The resend goes out on a connection opened for it: with many streams the pool holds several dead
+        connections, and a resend drawn from it can find another one (a sweep at 16 clients lost one
+        request per level that way). The clock restarts: the failed attempt cost the server nothing.
         """
-        for attempt in range(STALE_RETRIES + 1):
-            try:
-                return await self.session.post(self.target.endpoint, data=payload, headers=headers)
-            except aiohttp.ClientConnectorError:
-                raise
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-                if attempt == STALE_RETRIES:
-                    raise
-                record.start = time.perf_counter()
-        raise AssertionError("unreachable")
+        try:
+            return await self.session.post(self.target.endpoint, data=payload, headers=headers)
+        except aiohttp.ClientConnectorError:
+            raise
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            record.start = time.perf_counter()
+        if self._fresh is None:
+            self._fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True),
+                                                timeout=self.session.timeout)
+        return await self._fresh.post(self.target.endpoint, data=payload, headers=headers)
 
     async def _read_stream(
         self, resp: aiohttp.ClientResponse, record: RequestRecord, on_chunk: Callable[[], None] | None

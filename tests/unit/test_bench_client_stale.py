@@ -69,7 +69,7 @@ async def server() -> AsyncIterator[tuple[str, list[str]]]:
         await srv.wait_closed()
 
 
-async def test_a_stale_pooled_connection_is_retried_on_a_fresh_one(server) -> None:
+async def test_a_stale_pooled_connection_is_resent_on_a_new_one(server) -> None:
     url, log = server
     workload = Workload(api="completions", prompt_len=parse_length(3), output_len=parse_length(2))
     factory = RequestFactory(workload)
@@ -77,5 +77,6 @@ async def test_a_stale_pooled_connection_is_retried_on_a_fresh_one(server) -> No
         records = [await client.send(factory.next()) for _ in range(3)]
     assert [r.error for r in records] == [None, None, None]
     assert all(r.ok and r.output_tokens == 2 and len(r.chunk_times) == 2 for r in records)
-    # Requests 2 and 3 each found the previous connection stale and went out again on a new one.
-    assert log == ["served", "closed unanswered", "served", "closed unanswered", "served"]
+    # Request 2 found the pooled connection stale and went out again on a connection opened for it, which
+    # is not pooled; request 3 found the pool empty and opened one.
+    assert log == ["served", "closed unanswered", "served", "served"]
