@@ -252,7 +252,11 @@ class Aimd:
         target = knee_target(self._curve, self.config, self._limit, lo, top)
         # A knee far below is plain from a first reading (slow start ran past it); anything else could
         # be the noise of one reading, so it waits until this limit's point pools a few.
-        far_below = target is not None and target < (1 - _FAR) * self._limit
+        # Only a bracketed knee counts: the quarter step down that explores an unbracketed curve is one
+        # slot at a limit of four, "far" by ratio, and must not be taken on a first, unsettled reading.
+        found = self._curve.knee(self.config.knee_fraction)
+        bracketed = found is not None and found[1]
+        far_below = bracketed and target is not None and target < (1 - _FAR) * self._limit
         # After a rescale the curve's top is a guess (only this limit is measured anew), so a knee read
         # off it only ever lies below this limit: acting on it is how the limit crept down after a
         # backend recovered. The top is measured again first (the climb-sized probe, due at once).

@@ -38,7 +38,7 @@ def knee_target(curve: Curve, config: AimdConfig, limit: int, lo: int, top: int)
     elif knee > lo:
         return max(lo, math.floor(knee * (1 - CLIMB_STEP)))
     knee = min(max(knee, lo), top, max(curve.points))
-    if abs(knee - limit) <= max(1, round(KNEE_DEAD_BAND * limit)) and limit <= top:
+    if abs(knee - limit) <= round(KNEE_DEAD_BAND * limit) and limit <= top:
         return None
     return knee
 
