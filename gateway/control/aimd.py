@@ -52,11 +52,12 @@ _DWELL_READINGS = 3  # settled readings at a limit before the curve may move it 
 _FAR = 0.2  # ... but a knee this far below (share of the limit) is acted on after one reading
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Probe:
     direction: int  # +1: slots added, -1: slots removed
     base_limit: int
     kind: str  # the phase that made the step: SLOW_START, CLIMB or CRUISE
+    interrupted: bool = False  # demand left while it waited for its reading
 
 
 class Aimd:
@@ -113,7 +114,15 @@ class Aimd:
         if signals:
             return self._congested(obs, signals, lo, bottleneck)
         if not bottleneck:
+            if self._probe is not None and self._probe.kind == CRUISE:
+                self._probe.interrupted = True
             return self._hold(obs, Reason.NO_DEMAND)
+        if self._probe is not None and self._probe.interrupted:
+            # Demand left before the re-probe was measured and is back now: the probe taught nothing
+            # and its reading would straddle the gap, so it is abandoned and the limit returns to
+            # where it was (never during the idle spell itself, so idle never moves the limit up).
+            base, self._probe = self._probe.base_limit, None
+            return self._change(obs, base, Reason.PROBE)
         blocked = self._detector.blocking(obs)
         self._blocked_by = blocked
         if blocked is not None:
@@ -266,6 +275,10 @@ class Aimd:
             return self._hold(obs, Reason.SETTLING, knee=target)
         if target is not None and target != self._limit:
             self._detail["curve"] = self._curve.as_dict()
+            if not bracketed and target < self._limit:
+                # Nothing measured below yet: the step down is a question, so it is a probe, judged
+                # (and undone if it lost throughput) as soon as its reading settles.
+                return self._begin(obs, target, CRUISE, Reason.PROBE)
             return self._change(obs, target, Reason.KNEE)
         if not self._due(now):
             assert self._next_probe_at is not None
@@ -282,6 +295,10 @@ class Aimd:
         up, down = min(self._limit + step, top), max(min(self._limit - step, crossing), lo)
         direction = self._next_direction
         self._next_direction = -direction
+        if direction > 0 and up == self._limit:
+            # Up is closed (the hard cap, a ceiling): skip this turn instead of probing down twice as
+            # often; the down-probe comes on the next turn.
+            return self._hold(obs, Reason.AT_MAX if self._limit >= hi else Reason.CEILING)
         if direction > 0 and up > self._limit or down == self._limit:
             self._up_probes += 1
             if self._up_probes >= _CLIMB_EVERY or self._reclimb:
