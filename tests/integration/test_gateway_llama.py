@@ -32,18 +32,21 @@ EMBED_MODEL = "tiny-embed"
 CHAT = [{"role": "user", "content": "Say something."}]
 LONG = 4000  # max_tokens of a stream that must still be running when the test acts on it
 FAST_HEALTH = {"SWEETSPOT_HEALTH_INTERVAL_S": "0.1"}  # the outage tests poll upstream health often
+# One ggml thread: two stall each other's barrier whenever another process takes one of two shared cores
+# (a 3 s burst took 30 s while another llama-server ran), and nothing here needs the speed.
+THREADS = 1
 
 
 @pytest.fixture(scope="module")
 def llama(module_processes) -> RunningProcess:
-    return start_llama_server(module_processes, llama_config(parallel=SLOTS))
+    return start_llama_server(module_processes, llama_config(parallel=SLOTS, threads=THREADS))
 
 
 @pytest.fixture(scope="module")
 def embed(module_processes) -> RunningProcess:
     # Its own alias: llama-server started with --embeddings still serves completions, so with the chat
     # server's alias the gateway would (rightly) send chat requests to it as well.
-    config = dataclasses.replace(llama_config(parallel=2, embeddings=True, pooling="mean"), alias=EMBED_MODEL)
+    config = dataclasses.replace(llama_config(parallel=2, threads=THREADS, embeddings=True, pooling="mean"), alias=EMBED_MODEL)
     return start_llama_server(module_processes, config)
 
 
@@ -320,7 +323,7 @@ async def test_many_concurrent_streams_on_a_fast_server_lose_nothing(processes) 
 
 def test_llama_server_killed_mid_stream_then_restarted(processes) -> None:
     port = free_port()
-    config = llama_config(port=port, parallel=2)
+    config = llama_config(port=port, parallel=2, threads=THREADS)
     server = start_llama_server(processes, config)
     gateway = start_gateway(processes, [config.base_url], "--no-control", "--initial-limit", "2",
                             env=FAST_HEALTH).url
@@ -361,7 +364,7 @@ def test_requests_while_llama_server_loads_are_retried_by_the_sdk_until_it_serve
     OpenAI SDK honours when it retries. A big context makes llama-server's loading phase last a few seconds
     (it allocates and clears the KV cache), long enough to send a request into it for certain."""
     port = free_port()
-    config = llama_config(port=port, parallel=1, ctx_per_slot=32768)
+    config = llama_config(port=port, parallel=1, ctx_per_slot=32768, threads=THREADS)
     gateway = start_gateway(processes, [config.base_url], "--no-control", "--initial-limit", "1", env=FAST_HEALTH,
                             ready=False).url
     server = start_llama_server(processes, config, ready=False)
