@@ -111,6 +111,10 @@ class Aimd:
             return self._change(obs, hi, reason)
         if self._limit < lo:
             return self._change(obs, lo, Reason.AT_MIN)
+        if signals and obs.peak_inflight == 0 and obs.queue_depth == 0:
+            # Nothing of ours ran this window: a full KV cache or a queue at the backend is somebody
+            # else's load (another gateway, direct clients), and cutting an idle limit cannot relieve it.
+            return self._hold(obs, Reason.NO_DEMAND)
         if signals:
             return self._congested(obs, signals, lo, bottleneck)
         if not bottleneck:

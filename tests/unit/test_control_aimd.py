@@ -75,6 +75,16 @@ def test_the_limit_never_drifts_without_demand() -> None:
     assert {d.reason for d in decisions} == {Reason.NO_DEMAND}
 
 
+def test_an_idle_gateway_ignores_a_backend_busy_with_others() -> None:
+    """Another gateway fills the shared backend's queue and KV cache; this one has nothing in flight, so
+    cutting its limit would relieve nothing and only throttle it when its own clients return."""
+    drive = Drive(Aimd(CONFIG, initial_limit=8), clients=0)
+    decisions = drive.run(60, kv_usage=0.99, kv_usage_age_s=0.5, backend_waiting=12, backend_waiting_age_s=0.5,
+                          backend_running=40, backend_running_age_s=0.5)
+    assert {d.limit for d in decisions} == {8}
+    assert {d.reason for d in decisions} == {Reason.NO_DEMAND}
+
+
 def test_failures_halve_the_limit_and_recovery_doubles_back_once_clean() -> None:
     drive = Drive(Aimd(CONFIG, initial_limit=8))
     drive.run(200)
