@@ -70,6 +70,7 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source
     app.state.supervisor = supervisor
     app.include_router(openai_routes.router)
     app.include_router(ops_routes.router)
+    app.add_middleware(openai_routes.ProxiedRoutes)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -65,7 +65,7 @@ class RequestTracker:
             arrived=self.arrived, admitted=self.admitted, finished=now, first_token=None,
             prompt_tokens=0, output_tokens=0, outcome=Outcome.UPSTREAM_ERROR, streamed=self.streamed,
         ))
-        metrics.upstream_requests.labels(self.upstream.name, Outcome.UPSTREAM_ERROR.value).inc()
+        metrics.child(metrics.upstream_requests, self.upstream.name, Outcome.UPSTREAM_ERROR.value).inc()
 
     def finish(self, outcome: Outcome, metrics: GatewayMetrics) -> RequestSample | None:
         """Record the request once (later calls are no-ops). Returns the sample it recorded."""
@@ -90,16 +90,17 @@ class RequestTracker:
         )
         upstream.window.add(sample)
         label = upstream.name
-        metrics.upstream_requests.labels(label, outcome.value).inc()
+        child = metrics.child
+        child(metrics.upstream_requests, label, outcome.value).inc()
         if self.prompt_tokens:
-            metrics.prompt_tokens.labels(label).inc(self.prompt_tokens)
+            child(metrics.prompt_tokens, label).inc(self.prompt_tokens)
         if output > 0:
-            metrics.output_tokens.labels(label).inc(output)
+            child(metrics.output_tokens, label).inc(output)
         if outcome is Outcome.OK:
-            metrics.e2e.labels(label).observe(sample.e2e)
+            child(metrics.e2e, label).observe(sample.e2e)
             if sample.ttft is not None:
-                metrics.ttft.labels(label).observe(sample.ttft)
-                metrics.upstream_ttft.labels(label).observe(sample.upstream_ttft)
+                child(metrics.ttft, label).observe(sample.ttft)
+                child(metrics.upstream_ttft, label).observe(sample.upstream_ttft)
             if sample.tpot is not None:
-                metrics.tpot.labels(label).observe(sample.tpot)
+                child(metrics.tpot, label).observe(sample.tpot)
         return sample

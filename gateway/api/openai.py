@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.admission import AdmissionError, Permit
 from gateway.api.errors import error_response
@@ -47,19 +48,47 @@ COMPLETIONS = Route("/v1/completions", CompletionRequest, True)
 EMBEDDINGS = Route("/v1/embeddings", EmbeddingRequest, False)
 
 
-@router.post(CHAT.path)
 async def chat_completions(request: Request) -> Response:
     return await _Forward(request, CHAT).run()
 
 
-@router.post(COMPLETIONS.path)
 async def completions(request: Request) -> Response:
     return await _Forward(request, COMPLETIONS).run()
 
 
-@router.post(EMBEDDINGS.path)
 async def embeddings(request: Request) -> Response:
     return await _Forward(request, EMBEDDINGS).run()
+
+
+# Plain Starlette routes (FastAPI's dependency solving buys nothing for a handler that reads its own
+# body); they answer a wrong method with 405. POSTs are served before routing by ProxiedRoutes.
+for _route, _endpoint in ((CHAT, chat_completions), (COMPLETIONS, completions), (EMBEDDINGS, embeddings)):
+    router.add_route(_route.path, _endpoint, methods=["POST"])
+
+PROXIED = {route.path: route for route in (CHAT, COMPLETIONS, EMBEDDINGS)}
+
+
+class ProxiedRoutes:
+    """ASGI middleware that serves the proxied POST routes itself, ahead of routing and the exception
+    middlewares; every other request goes on to the app.
+
+    Why: each layer between the server and the handler wraps ``send``, and a streamed reply pays every
+    wrapper once per chunk. Measured with ``bench/overhead.py`` (streamed, 64 tokens, concurrency 8) this
+    front saves two wrappers per chunk plus the routing per request. It loses nothing: :class:`_Forward`
+    turns every exception into an OpenAI-shaped answer itself, and the server-error middleware above this
+    one still catches anything that escapes.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = PROXIED.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        response = await _Forward(Request(scope, receive), route).run()
+        await response(scope, receive, send)
 
 
 @router.get("/v1/models")
@@ -148,7 +177,8 @@ class _Forward:
 
     def _answer(self, response: Response) -> Response:
         response.headers["x-request-id"] = self.request_id
-        self.gateway.metrics.requests.labels(self.route.path, str(response.status_code)).inc()
+        metrics = self.gateway.metrics
+        metrics.child(metrics.requests, self.route.path, str(response.status_code)).inc()
         return response
 
     def _refuse(self, status: int, message: str, reason: str, *, code: str | None = None,
