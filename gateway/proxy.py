@@ -36,11 +36,12 @@ class UpstreamUnavailable(Exception):
     """The upstream could not be reached or failed before sending a byte: another may be tried."""
 
     def __init__(self, message: str, *, status: int | None = None, body: bytes | None = None,
-                 connect_failed: bool = False) -> None:
+                 connect_failed: bool = False, retry_after: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.body = body
         self.connect_failed = connect_failed
+        self.retry_after = retry_after  # the upstream's own Retry-After, if it sent one
 
 
 @dataclass
@@ -103,7 +104,8 @@ class UpstreamClient:
             if response.status >= 500:
                 payload = await _read_quietly(response)
                 raise UpstreamUnavailable(
-                    f"{base_url} answered {response.status}", status=response.status, body=payload
+                    f"{base_url} answered {response.status}", status=response.status, body=payload,
+                    retry_after=response.headers.get("Retry-After"),
                 )
             return UpstreamReply(response)
         raise AssertionError("unreachable")

@@ -65,6 +65,9 @@ async def embeddings(request: Request) -> Response:
 for _route, _endpoint in ((CHAT, chat_completions), (COMPLETIONS, completions), (EMBEDDINGS, embeddings)):
     router.add_route(_route.path, _endpoint, methods=["POST"])
 
+# Seconds a client is told to wait after an upstream's own 503 that named no time (a model loading).
+UPSTREAM_RETRY_AFTER_S = 1
+
 PROXIED = {route.path: route for route in (CHAT, COMPLETIONS, EMBEDDINGS)}
 
 
@@ -317,15 +320,23 @@ class _Forward:
             return await self._buffered(permit, reply, watch)
 
     def _upstream_failure(self, exc: UpstreamUnavailable) -> Response:
+        """The last upstream failed before answering. An OpenAI-shaped error body of its own (llama-server's
+        "Loading model") is passed on; anything else becomes the gateway's 502/503. A 503 always carries
+        Retry-After (the upstream's, else one the SDK waits out), since 503 means "try again soon"."""
+        response: Response | None = None
         if exc.status is not None and exc.body:
             try:
                 payload = json.loads(exc.body)
             except ValueError:
                 payload = None
             if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
-                return Response(exc.body, status_code=exc.status, media_type="application/json")
-        status = 503 if exc.status == 503 else 502
-        return error_response(status, f"upstream failure: {exc}", code="upstream_unavailable")
+                response = Response(exc.body, status_code=exc.status, media_type="application/json")
+        if response is None:
+            status = 503 if exc.status == 503 else 502
+            response = error_response(status, f"upstream failure: {exc}", code="upstream_unavailable")
+        if response.status_code == 503:
+            response.headers["retry-after"] = exc.retry_after or str(UPSTREAM_RETRY_AFTER_S)
+        return response
 
     def _stream(self, permit: Permit, reply: UpstreamReply, forward_usage: bool, watch: DisconnectWatch) -> Response:
         sse = SSEFilter(self.tracker, self.gateway.clock, forward_usage=forward_usage)

@@ -153,7 +153,7 @@ class Engine:
     # ------------------------------------------------------------------ scenario knobs
     def set_scenario(self, *, speed_factor: float | None = None, kv_fraction: float | None = None,
                      max_num_seqs: int | None = None, error_rate: float | None = None,
-                     stalled_until: float | None = None) -> Scenario:
+                     error_status: int | None = None, stalled_until: float | None = None) -> Scenario:
         """Change the backend at run time; any knob left None keeps its value."""
         sc = self.scenario
         if speed_factor is not None:
@@ -173,6 +173,10 @@ class Engine:
             if not 0.0 <= error_rate <= 1.0:
                 raise ValueError("error_rate must be in [0, 1]")
             sc.error_rate = float(error_rate)
+        if error_status is not None:
+            if not 500 <= error_status <= 599:
+                raise ValueError("error_status must be a 5xx status")
+            sc.error_status = int(error_status)
         if stalled_until is not None:
             sc.stalled_until = float(stalled_until)
         return sc

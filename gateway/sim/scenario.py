@@ -22,4 +22,5 @@ class Scenario:
     kv_fraction: float = 1.0  # share of the profile's KV blocks available
     max_num_seqs: int | None = None  # overrides the profile's cap
     error_rate: float = 0.0  # probability that submit() raises InjectedError
+    error_status: int = 500  # the HTTP status of an injected failure (503: vLLM asleep or overloaded)
     stalled_until: float = float("-inf")  # no step starts before this engine time

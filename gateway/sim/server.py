@@ -91,7 +91,9 @@ def create_app(config: SimConfig) -> FastAPI:
         try:
             handle = runner().submit(req.prompt_tokens, req.max_tokens, ignore_eos=req.ignore_eos)
         except InjectedError as exc:
-            return JSONResponse(shapes.error_body(str(exc), "InternalServerError", 500), 500)
+            status = engine.scenario.error_status
+            kind = "ServiceUnavailableError" if status == 503 else "InternalServerError"
+            return JSONResponse(shapes.error_body(str(exc), kind, status), status)
         base_id = request.headers.get("x-request-id")
         if req.stream:
             return StreamingResponse(_stream(handle, req, base_id), media_type="text/event-stream")
@@ -240,7 +242,8 @@ def _add_admin_routes(app: FastAPI, engine: Engine, runner: Any) -> None:
             raise BadRequest("request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
-        known = {"reset", "speed_factor", "kv_fraction", "max_num_seqs", "error_rate", "stall_s"}
+        known = {"reset", "speed_factor", "kv_fraction", "max_num_seqs", "error_rate", "error_status",
+                 "stall_s"}
         unknown = sorted(set(body) - known)
         if unknown:
             raise BadRequest(f"unknown scenario knobs: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -254,6 +257,7 @@ def _add_admin_routes(app: FastAPI, engine: Engine, runner: Any) -> None:
                 kv_fraction=body.get("kv_fraction"),
                 max_num_seqs=body.get("max_num_seqs"),
                 error_rate=body.get("error_rate"),
+                error_status=body.get("error_status"),
                 stalled_until=None if stall is None else r.vnow() + float(stall) * r.time_scale,
             )
         except (TypeError, ValueError) as exc:

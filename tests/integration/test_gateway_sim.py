@@ -306,6 +306,50 @@ def test_dead_upstream_fails_over_to_a_healthy_one(processes) -> None:
     assert not get_json(f"{gw}/readyz")["upstreams"][doomed]["healthy"]
 
 
+def set_scenario(sim_url: str, **knobs: object) -> None:
+    request = urllib.request.Request(f"{sim_url}/admin/scenario", data=json.dumps(knobs).encode(), method="POST",
+                                     headers={"content-type": "application/json"})
+    urllib.request.urlopen(request, timeout=10).close()
+
+
+def test_an_upstream_5xx_before_any_byte_fails_over_to_another_upstream(processes) -> None:
+    """Contract: a 5xx before any byte -> one retry on another healthy upstream; the failing upstream's window
+    learns of the error (the controller's congestion signal) and the retry is counted."""
+    alive = start_sim(processes, time_scale=10.0).url
+    failing = start_sim(processes, "--admin", time_scale=10.0).url
+    set_scenario(failing, error_rate=1.0)
+    gw = start_gateway(processes, [failing, alive], "--initial-limit", "4", "--no-control").url
+    model = model_of(alive)
+    for _ in range(6):  # the dispatcher picks the failing one first at least once (both have 4 free permits)
+        reply = client(gw, max_retries=0).chat.completions.create(model=model, messages=CHAT, max_tokens=2)
+        assert reply.choices[0].message.content
+        stream = client(gw, max_retries=0).chat.completions.create(model=model, messages=CHAT, max_tokens=2,
+                                                                   stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    failed = metric_value(f"{gw}/metrics", "sweetspot_upstream_requests_total",
+                          {"upstream": failing, "outcome": "upstream_error"})
+    assert failed is not None and failed >= 1
+    assert metric_value(f"{gw}/metrics", "sweetspot_upstream_retries_total",
+                        {"upstream": failing, "reason": "failover"}) == failed
+    assert all(u["inflight"] == 0 for u in get_json(f"{gw}/state")["upstreams"])
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_the_last_upstreams_own_5xx_reaches_the_client_in_its_shape(processes, status: int) -> None:
+    """With nowhere to fail over to, an upstream's OpenAI-shaped error is passed on with its status; a 503
+    ("try again soon", e.g. a model loading) always carries Retry-After, so the SDK waits before retrying."""
+    sim_url = start_sim(processes, "--admin", time_scale=10.0).url
+    gw = start_gateway(processes, [sim_url], "--initial-limit", "4", "--no-control").url
+    model = model_of(sim_url)
+    set_scenario(sim_url, error_rate=1.0, error_status=status)
+    answer, headers, payload = raw_post(f"{gw}/v1/chat/completions",
+                                        json.dumps({"model": model, "messages": CHAT}).encode())
+    assert answer == status
+    assert "injected failure" in assert_openai_error(payload)["message"]
+    assert headers.get("retry-after") == ("1" if status == 503 else None)
+    assert get_json(f"{gw}/state")["upstreams"][0]["inflight"] == 0
+
+
 def test_readyz_false_without_a_healthy_upstream(processes) -> None:
     sim_proc = start_sim(processes, time_scale=10.0)
     gw = start_gateway(processes, [sim_proc.url], "--no-control").url
