@@ -1,15 +1,25 @@
-"""What the gateway costs: the same load direct and through the gateway, interleaved in one run.
+"""What the gateway costs: the same load direct, through nginx, through the bare stack and through the
+gateway, interleaved in one run.
 
     .venv/bin/python bench/overhead.py                     # real llama-server, near-free model
     .venv/bin/python bench/overhead.py --upstream URL      # any OpenAI-compatible server
 
-Phases (each round runs direct, then through the gateway, so drift hits both alike):
+Configurations, each in front of the same upstream:
+  * direct: the load generator talks to the upstream itself;
+  * nginx: the C floor (``proxy_buffering off``, keep-alive upstream), when an ``nginx`` binary is installed;
+  * floor: ``bench/floor_proxy.py``, a bare ASGI pass-through on the gateway's own parts (uvicorn, httptools,
+    uvloop, aiohttp) with nothing of the gateway: what any proxy on this stack costs on this machine;
+  * gateway: ``sweetspot serve --no-control`` with a limit above the load.
+
+Phases (each round runs every configuration once, in an order that rotates per round, so drift hits all):
   * latency at concurrency 1: added TTFT p50/p99 (streamed) and added E2E p50 (non-streamed)
   * non-streamed requests/s at concurrency 32, and the gateway's CPU per request
   * streamed tokens/s at concurrency 8, and the gateway's CPU per streamed chunk
   * 5,000 connected clients, most of them queued: the gateway's resident memory
 The upstream should be near-free (a tiny model) so the proxy's own CPU decides; with a real model the
 ratios approach 1.0 and say nothing. Results: a rich table, and JSON with ``--json PATH``.
+The CPU figures are each proxy process's user + system time over the run, divided by its requests or
+chunks: a streamed phase's "per chunk" therefore includes each request's own cost.
 """
 
 from __future__ import annotations
@@ -28,9 +38,10 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _nginx import start_nginx  # noqa: E402
 from _procs import ROOT, cpu_seconds, gateway_cmd, rss_mb, start, stop  # noqa: E402
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 150)
 
 
 @dataclass
@@ -179,13 +190,21 @@ def raise_fd_limit(clients: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
+# The issue's targets for the gateway, checked in the report.
+TARGETS = {
+    "added_ttft_p50_ms": 1.5, "cpu_ms_per_request": 1.5, "rps_ratio": 0.6, "tokens_ratio": 0.9,
+    "cpu_us_per_chunk": 50.0, "rss_mb": 300.0,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--upstream", help="OpenAI-compatible base URL (default: start llama-server)")
     parser.add_argument("--seconds", type=float, default=8.0, help="duration of each measured run")
-    parser.add_argument("--rounds", type=int, default=2, help="direct/gateway pairs per phase")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each configuration per phase")
     parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per streamed request")
     parser.add_argument("--clients", type=int, default=5000, help="connected clients for the memory phase")
+    parser.add_argument("--no-peers", action="store_true", help="direct and gateway only (no nginx, no floor)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     raise_fd_limit(args.clients)
@@ -195,12 +214,27 @@ def main() -> None:
         upstream = args.upstream.rstrip("/")
     else:
         upstream_proc, upstream = start_llama()
-    gateway_proc, gateway = start(
-        gateway_cmd(upstream, "--no-control", "--initial-limit", "64", "--max-queue", "20000"),
-        r"listening on (http://\S+)",
-    )
+    cleanup: list = []
+    proxies: dict[str, tuple[str, int]] = {}  # name -> (url, pid whose CPU is measured)
     try:
-        results = asyncio.run(bench(upstream, gateway, gateway_proc.pid, args))
+        if not args.no_peers:
+            nginx = start_nginx(upstream)
+            if nginx is None:
+                console.print("[yellow]nginx is not installed: measured without it "
+                              "(apt-get install nginx-light adds it)[/yellow]")
+            else:
+                proc, url, tmp = nginx
+                cleanup += [lambda proc=proc: stop(proc), tmp.cleanup]
+                proxies["nginx"] = (url, proc.pid)
+            proc, url = start([sys.executable, str(ROOT / "bench" / "floor_proxy.py"), upstream],
+                              r"listening on (http://\S+)")
+            cleanup.append(lambda proc=proc: stop(proc))
+            proxies["floor"] = (url, proc.pid)
+        proc, url = start(gateway_cmd(upstream, "--no-control", "--initial-limit", "64", "--max-queue", "20000"),
+                          r"listening on (http://\S+)")
+        cleanup.append(lambda proc=proc: stop(proc))
+        proxies["gateway"] = (url, proc.pid)
+        results = asyncio.run(bench(upstream, proxies, args))
         memory_proc, memory_url = start(
             gateway_cmd(upstream, "--no-control", "--initial-limit", "4", "--max-queue", "20000",
                         "--queue-timeout-s", "600"),
@@ -212,7 +246,8 @@ def main() -> None:
         finally:
             stop(memory_proc)
     finally:
-        stop(gateway_proc)
+        for step in reversed(cleanup):
+            step()
         if upstream_proc is not None:
             upstream_proc.stop()  # type: ignore[attr-defined]
     report(results)
@@ -233,7 +268,7 @@ def _nan_to_none(value: object) -> object:
     return value
 
 
-async def bench(upstream: str, gateway: str, pid: int, args: argparse.Namespace) -> dict:
+async def bench(upstream: str, proxies: dict[str, tuple[str, int]], args: argparse.Namespace) -> dict:
     model = await first_model(upstream)
     phases = {
         "latency_stream_c1": dict(concurrency=1, stream=True, max_tokens=8),
@@ -241,61 +276,93 @@ async def bench(upstream: str, gateway: str, pid: int, args: argparse.Namespace)
         "plain_c32": dict(concurrency=32, stream=False, max_tokens=1),
         "stream_c8": dict(concurrency=8, stream=True, max_tokens=args.max_tokens),
     }
-    out: dict = {"model": model, "upstream": upstream, "seconds": args.seconds, "rounds": args.rounds, "phases": {}}
+    out: dict = {"model": model, "upstream": upstream, "seconds": args.seconds, "rounds": args.rounds,
+                 "proxies": list(proxies), "phases": {}}
+    names = ["direct", *proxies]
     for name, spec in phases.items():
-        direct_runs, gateway_runs = [], []
-        for _ in range(args.rounds):
-            direct_runs.append(await load(upstream, model, seconds=args.seconds, pid=None, close_streams=True, **spec))
-            gateway_runs.append(await load(gateway, model, seconds=args.seconds, pid=pid, **spec))
-        out["phases"][name] = summarise(direct_runs, gateway_runs)
+        runs: dict[str, list[Run]] = {n: [] for n in names}
+        for round_index in range(args.rounds):
+            shift = round_index % len(names)
+            for target in names[shift:] + names[:shift]:
+                if target == "direct":
+                    runs[target].append(await load(upstream, model, seconds=args.seconds, pid=None,
+                                                   close_streams=True, **spec))
+                else:
+                    url, pid = proxies[target]
+                    runs[target].append(await load(url, model, seconds=args.seconds, pid=pid, **spec))
+        out["phases"][name] = {proxy: summarise(runs["direct"], runs[proxy]) for proxy in proxies}
         console.print(f"[dim]{name}: {out['phases'][name]}[/dim]")
     return out
 
 
-def summarise(direct: list[Run], gateway: list[Run]) -> dict:
+def summarise(direct: list[Run], proxied: list[Run]) -> dict:
     def merged(runs: list[Run], attr: str) -> list[float]:
         return [v for run in runs for v in getattr(run, attr)]
 
     d_rps = statistics.median(r.rps for r in direct)
-    g_rps = statistics.median(r.rps for r in gateway)
+    p_rps = statistics.median(r.rps for r in proxied)
     d_cps = statistics.median(r.chunks_per_s for r in direct)
-    g_cps = statistics.median(r.chunks_per_s for r in gateway)
-    g_requests = sum(r.requests for r in gateway)
-    g_chunks = sum(r.chunks for r in gateway)
-    g_cpu = sum(r.cpu_s or 0.0 for r in gateway)
+    p_cps = statistics.median(r.chunks_per_s for r in proxied)
+    requests = sum(r.requests for r in proxied)
+    chunks = sum(r.chunks for r in proxied)
+    cpu = sum(r.cpu_s or 0.0 for r in proxied)
     return {
-        "direct_rps": round(d_rps, 1), "gateway_rps": round(g_rps, 1),
-        "rps_ratio": round(g_rps / d_rps, 3) if d_rps else None,
-        "direct_tokens_per_s": round(d_cps, 1), "gateway_tokens_per_s": round(g_cps, 1),
-        "tokens_ratio": round(g_cps / d_cps, 3) if d_cps else None,
-        "added_ttft_p50_ms": round((pct(merged(gateway, "ttft"), 50) - pct(merged(direct, "ttft"), 50)) * 1e3, 2),
-        "added_ttft_p99_ms": round((pct(merged(gateway, "ttft"), 99) - pct(merged(direct, "ttft"), 99)) * 1e3, 2),
-        "added_e2e_p50_ms": round((pct(merged(gateway, "e2e"), 50) - pct(merged(direct, "e2e"), 50)) * 1e3, 2),
-        "gateway_cpu_ms_per_request": round(g_cpu / g_requests * 1e3, 3) if g_requests else None,
-        "gateway_cpu_us_per_chunk": round(g_cpu / g_chunks * 1e6, 1) if g_chunks else None,
-        "errors": sum(r.errors for r in direct + gateway),
+        "direct_rps": round(d_rps, 1), "rps": round(p_rps, 1),
+        "rps_ratio": round(p_rps / d_rps, 3) if d_rps else None,
+        "direct_tokens_per_s": round(d_cps, 1), "tokens_per_s": round(p_cps, 1),
+        "tokens_ratio": round(p_cps / d_cps, 3) if d_cps else None,
+        "added_ttft_p50_ms": round((pct(merged(proxied, "ttft"), 50) - pct(merged(direct, "ttft"), 50)) * 1e3, 2),
+        "added_ttft_p99_ms": round((pct(merged(proxied, "ttft"), 99) - pct(merged(direct, "ttft"), 99)) * 1e3, 2),
+        "added_e2e_p50_ms": round((pct(merged(proxied, "e2e"), 50) - pct(merged(direct, "e2e"), 50)) * 1e3, 2),
+        "cpu_ms_per_request": round(cpu / requests * 1e3, 3) if requests else None,
+        "cpu_us_per_chunk": round(cpu / chunks * 1e6, 1) if chunks else None,
+        "errors": sum(r.errors for r in proxied),
+        "direct_errors": sum(r.errors for r in direct),
     }
+
+
+def _verdict(value: float | None, target: float, *, at_least: bool) -> str:
+    if value is None:
+        return ""
+    met = value >= target if at_least else value <= target
+    return "met" if met else "[bold red]missed[/bold red]"
 
 
 def report(results: dict) -> None:
     phases = results["phases"]
+    proxies = results["proxies"]
     table = Table(title=f"sweetspot overhead vs direct ({results['model']} @ {results['upstream']})")
-    for column in ("measure", "direct", "gateway", "ratio / added", "gateway CPU"):
-        table.add_column(column, justify="right" if column != "measure" else "left")
-    s1, p1 = phases["latency_stream_c1"], phases["latency_plain_c1"]
-    table.add_row("TTFT added, c=1 (p50 / p99)", "", "", f"{s1['added_ttft_p50_ms']} / {s1['added_ttft_p99_ms']} ms", "")
-    table.add_row("E2E added, c=1 non-streamed (p50)", "", "", f"{p1['added_e2e_p50_ms']} ms",
-                  f"{p1['gateway_cpu_ms_per_request']} ms/req")
-    p32 = phases["plain_c32"]
-    table.add_row("non-streamed req/s, c=32", f"{p32['direct_rps']}", f"{p32['gateway_rps']}", f"{p32['rps_ratio']}x",
-                  f"{p32['gateway_cpu_ms_per_request']} ms/req")
-    s8 = phases["stream_c8"]
-    table.add_row("streamed tokens/s, c=8", f"{s8['direct_tokens_per_s']}", f"{s8['gateway_tokens_per_s']}",
-                  f"{s8['tokens_ratio']}x", f"{s8['gateway_cpu_us_per_chunk']} us/chunk")
+    table.add_column("measure")
+    table.add_column("direct", justify="right")
+    for proxy in proxies:
+        table.add_column(proxy, justify="right")
+    table.add_column("gateway target", justify="right")
+
+    def row(label: str, phase: str, key: str, unit: str, target: float | None = None, *,
+            at_least: bool = False, direct_key: str | None = None) -> None:
+        values = [phases[phase][p][key] for p in proxies]
+        direct = f"{phases[phase][proxies[0]][direct_key]}" if direct_key else ""
+        goal = ""
+        if target is not None:
+            goal = f"{'>=' if at_least else '<='} {target}{unit} " + _verdict(
+                phases[phase]["gateway"][key], target, at_least=at_least)
+        table.add_row(label, direct, *(f"{v}{unit}" if v is not None else "" for v in values), goal)
+
+    row("TTFT added p50, streamed c=1", "latency_stream_c1", "added_ttft_p50_ms", " ms", TARGETS["added_ttft_p50_ms"])
+    row("TTFT added p99, streamed c=1", "latency_stream_c1", "added_ttft_p99_ms", " ms")
+    row("E2E added p50, non-streamed c=1", "latency_plain_c1", "added_e2e_p50_ms", " ms")
+    row("non-streamed req/s c=32", "plain_c32", "rps", "", direct_key="direct_rps")
+    row("  ratio to direct", "plain_c32", "rps_ratio", "x", TARGETS["rps_ratio"], at_least=True)
+    row("  CPU per request", "plain_c32", "cpu_ms_per_request", " ms", TARGETS["cpu_ms_per_request"])
+    row("streamed tokens/s c=8", "stream_c8", "tokens_per_s", "", direct_key="direct_tokens_per_s")
+    row("  ratio to direct", "stream_c8", "tokens_ratio", "x", TARGETS["tokens_ratio"], at_least=True)
+    row("  CPU per streamed chunk", "stream_c8", "cpu_us_per_chunk", " us", TARGETS["cpu_us_per_chunk"])
+    row("  CPU per streamed request", "stream_c8", "cpu_ms_per_request", " ms")
     if "memory" in results:
         m = results["memory"]
-        table.add_row(f"RSS with {m['clients']} clients ({m['queued']} queued)", "", f"{m['rss_mb']} MB",
-                      f"idle {m['rss_idle_mb']} MB", "")
+        cells = ["" for _ in proxies[:-1]] + [f"{m['rss_mb']} MB (idle {m['rss_idle_mb']})"]
+        table.add_row(f"RSS, {m['clients']} clients ({m['queued']} queued)", "", *cells,
+                      f"<= {TARGETS['rss_mb']} MB " + _verdict(m["rss_mb"], TARGETS["rss_mb"], at_least=False))
     console.print(table)
 
 

@@ -1,0 +1,84 @@
+"""nginx as a reverse proxy in front of the same upstream: the C floor the Python proxies are compared with.
+
+Optional: used when an ``nginx`` binary is installed (Debian: ``apt-get install nginx-light``), skipped
+with a note otherwise. One process (``master_process off``), so its CPU time is one pid's; no buffering
+(``proxy_buffering off``), HTTP/1.1 keep-alive to the upstream, which is what a streaming LLM proxy needs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+CONFIG = """\
+worker_processes 1;
+master_process off;
+daemon off;
+error_log stderr error;
+pid {tmp}/nginx.pid;
+worker_rlimit_nofile 65536;
+events {{ worker_connections 16384; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    upstream backend {{
+        server {upstream_host}:{upstream_port} max_fails=0;
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 300s;
+            # llama-server closes a connection after every streamed reply while advertising keep-alive:
+            # a POST sent on such a kept connection fails before any byte, and is safe to resend.
+            proxy_next_upstream error non_idempotent;
+            proxy_next_upstream_tries 3;
+        }}
+    }}
+}}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_nginx(upstream: str) -> tuple[subprocess.Popen, str, tempfile.TemporaryDirectory] | None:
+    """``(process, url, its temporary directory)``, or None when nginx is not installed."""
+    binary = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
+    if binary is None:
+        return None
+    tmp = tempfile.TemporaryDirectory(prefix="sweetspot-nginx-")
+    target = urlsplit(upstream)
+    port = free_port()
+    conf = Path(tmp.name) / "nginx.conf"
+    conf.write_text(CONFIG.format(tmp=tmp.name, upstream_host=target.hostname, upstream_port=target.port,
+                                  port=port))
+    proc = subprocess.Popen([binary, "-c", str(conf), "-p", tmp.name], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"nginx did not start: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"http://127.0.0.1:{port}", tmp
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("nginx did not listen within 10 s")
