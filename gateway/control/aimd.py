@@ -16,11 +16,11 @@ Each tick, the first rule that applies decides:
    pays (marginal tokens/s per added slot >= ``marginal_gain_min`` x the average below); a climb in
    quarter steps does the same once a doubling was cut short. Then the limit sits at the knee
    (:mod:`gateway.control.knee`): the smallest limit reaching ``knee_fraction`` of the best measured
-   throughput, plus ``knee_margin``. Every ``reprobe_s`` one step beside it is measured (alternately
-   up and down, every third step up climb-sized), so the curve, and a backend that got faster or
-   slower, are found again. Steps up never take more than 3/4 of the KV room left
-   (:mod:`gateway.control.capacity`), and a step whose reading predicts p99 TPOT over its objective
-   (:mod:`gateway.control.tpot`) is undone at once.
+   throughput, plus ``knee_margin``. Every ``reprobe_s`` of busy time one step beside it is measured
+   (:mod:`gateway.control.reprobe`: which way, and rarer at the hard cap while the answer is known), so
+   the curve, and a backend that got faster or slower, are found again. Steps up never take more than
+   3/4 of the KV room left (:mod:`gateway.control.capacity`), and a step whose reading predicts p99
+   TPOT over its objective (:mod:`gateway.control.tpot`) is undone at once.
 
 Why throughput and not end-to-end latency: an LLM request's duration grows with its output length, so
 latency-gradient algorithms (Envoy's adaptive concurrency, Netflix Gradient2) read a shift to longer
@@ -30,7 +30,6 @@ TTFT and TPOT are per-token quantities that do not. ``docs/controller.md`` has t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from gateway.control.algorithm import Action, Decision, Reason
@@ -38,26 +37,18 @@ from gateway.control.capacity import kv_room, over_share
 from gateway.control.ceiling import Ceiling
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.curve import Curve
-from gateway.control.knee import CLIMB_STEP, knee_target, paid, probe_step
+from gateway.control.knee import CLIMB_STEP, clearly_below, knee_target, paid, probe_step
 from gateway.control.meter import Readings
 from gateway.control.observation import Observation
+from gateway.control.reprobe import Probe, Reprobe
 from gateway.control.signals import CongestionDetector, Signal
 from gateway.control.tpot import TpotPredictor
 
 SLOW_START = "slow_start"  # doubling from the start (or back towards the last good limit after failures)
 CLIMB = "climb"  # a doubling ran into headroom: climbing to the top of the curve in quarter steps
 CRUISE = "cruise"  # at the knee, with a probe beside it every re-probe period
-_CLIMB_EVERY = 3  # every third up-probe is climb-sized, to keep the top of the curve fresh
 _DWELL_READINGS = 3  # settled readings at a limit before the curve may move it a little
 _FAR = 0.2  # ... but a knee this far below (share of the limit) is acted on after one reading
-
-
-@dataclass(slots=True)
-class _Probe:
-    direction: int  # +1: slots added, -1: slots removed
-    base_limit: int
-    kind: str  # the phase that made the step: SLOW_START, CLIMB or CRUISE
-    interrupted: bool = False  # demand left while it waited for its reading
 
 
 class Aimd:
@@ -72,16 +63,13 @@ class Aimd:
             self._phase = CLIMB  # the sweep never saw its curve flatten: the top is still to find
         self._peak_reference = start.peak_tokens_per_s if start is not None else None
         self._ssthresh: int | None = None
-        self._probe: _Probe | None = None
-        self._next_probe_at: float | None = None
-        self._next_direction = 1
+        self._probe: Probe | None = None
+        self._reprobe = Reprobe(config.reprobe_s)  # when the next probe is due, and which way
         self._last_decrease_at: float | None = None
         self._ceiling = Ceiling()
         self._curve = Curve()
         if start is not None:
             self._curve.seed(start.levels)  # the sweep's curve: its knee is already bracketed
-        self._up_probes = 0  # up-probes since the last climb-sized one
-        self._reclimb = False  # the curve was just rescaled: climb-probe its top before any knee move
         self._detector = CongestionDetector(config)
         self._readings = Readings(config.settle_s, config.measure_s)
         self._tpot = TpotPredictor(config.min_samples)
@@ -99,6 +87,7 @@ class Aimd:
         if self._readings.changed_at is None:
             self._tpot.limit_set(now, self._limit)
         bottleneck = obs.queue_depth > 0 or obs.peak_inflight >= self._limit
+        self._reprobe.tick(now, bottleneck)
         self._tpot.calibrate(obs, bottleneck)
         signals = self._detector.update(obs)
         self._readings.observe(obs, self._limit, bottleneck)
@@ -126,6 +115,7 @@ class Aimd:
             # and its reading would straddle the gap, so it is abandoned and the limit returns to
             # where it was (never during the idle spell itself, so idle never moves the limit up).
             base, self._probe = self._probe.base_limit, None
+            self._reprobe.abandoned(at_cap=base >= hi)
             return self._change(obs, base, Reason.PROBE)
         blocked = self._detector.blocking(obs)
         self._blocked_by = blocked
@@ -146,8 +136,8 @@ class Aimd:
             # The same limit now gives a different throughput: the backend got slower or faster, or
             # the mix changed. The curve's shape, and so the knee, is kept until readings say otherwise.
             self._detail["curve_rescaled"] = True
-            if self._phase == CRUISE:  # re-measure the top soon: the old readings only stand in for it
-                self._next_probe_at, self._next_direction, self._reclimb = now, 1, True
+            # Re-measure the top soon (when cruising): the old readings only stand in for it.
+            self._reprobe.rescaled(cruising=self._phase == CRUISE)
         if self._probe is not None:
             if not settled and self._probe.kind != SLOW_START:
                 return self._hold(obs, Reason.SETTLING, first_reading=True)
@@ -185,8 +175,7 @@ class Aimd:
         self._detector.decreased(obs, signal)
         self._last_decrease_at = now
         self._probe = None
-        self._next_probe_at = now + self.config.window_s
-        self._next_direction = 1
+        self._reprobe.after(self.config.window_s, direction=1)
         if signal.reason is Reason.UPSTREAM_ERRORS:
             # Failures say nothing about where the knee is: recover quickly towards the last good limit.
             recovering = self._phase == SLOW_START and self._ssthresh is not None
@@ -219,7 +208,7 @@ class Aimd:
         return top
 
     def _begin(self, obs: Observation, target: int, kind: str, reason: Reason) -> Decision:
-        self._probe = _Probe(1 if target > self._limit else -1, self._limit, kind)
+        self._probe = Probe(1 if target > self._limit else -1, self._limit, kind)
         return self._change(obs, target, reason)
 
     def _slow_start(self, obs: Observation, lo: int, hi: int) -> Decision:
@@ -258,8 +247,10 @@ class Aimd:
         """Sit at the knee of the measured curve; every ``reprobe_s`` measure one step beside it.
         ``probed``: a probe just got its reading, and the knee is read off the curve right away (it
         went there only to measure)."""
-        now = obs.now
         self._phase = CRUISE
+        at_cap = self._limit >= hi  # nothing above: every probe is a down-probe (see reprobe.py)
+        if at_cap:
+            self._reprobe.reclimb = False  # the top to measure again is this limit, and it was just read
         known = self._curve.weight(self._limit)
         top = self._top(obs, hi)
         target = knee_target(self._curve, self.config, self._limit, lo, top)
@@ -273,7 +264,7 @@ class Aimd:
         # After a rescale the curve's top is a guess (only this limit is measured anew), so a knee read
         # off it only ever lies below this limit: acting on it is how the limit crept down after a
         # backend recovered. The top is measured again first (the climb-sized probe, due at once).
-        if self._reclimb and known >= 1:
+        if self._reprobe.reclimb and known >= 1:
             target = None
         elif not far_below and not probed and (known < 1 or (target is not None and known < _DWELL_READINGS)):
             return self._hold(obs, Reason.SETTLING, knee=target)
@@ -281,55 +272,38 @@ class Aimd:
             self._detail["curve"] = self._curve.as_dict()
             if not bracketed and target < self._limit:
                 # Nothing measured below yet: the step down is a question, so it is a probe, judged
-                # (and undone if it lost throughput) as soon as its reading settles.
+                # (and undone if it lost throughput) as soon as its reading settles. After an attempt
+                # lost its demand, the next one waits for the re-probe schedule.
+                if self._reprobe.waiting and not self._reprobe.due(at_cap=at_cap):
+                    return self._hold(obs, Reason.STEADY, next_probe_in_s=self._reprobe.in_s())
+                self._reprobe.begin()
                 return self._begin(obs, target, CRUISE, Reason.PROBE)
             return self._change(obs, target, Reason.KNEE)
-        if not self._due(now):
-            assert self._next_probe_at is not None
-            return self._hold(obs, Reason.STEADY, next_probe_in_s=round(self._next_probe_at - now, 1))
+        if not self._reprobe.due(at_cap=at_cap):
+            return self._hold(obs, Reason.STEADY, next_probe_in_s=self._reprobe.in_s())
         yielded = self._yield(obs, lo, room_to_grow=top > self._limit)
         if yielded is not None:
             return yielded
-        self._next_probe_at = None
+        self._reprobe.begin()
         step = probe_step(self.config, self._limit)
         # Down-probes measure where the knee itself is estimated to be (the limit sits a margin above
         # it), since the estimate between two far-apart readings is the least certain part.
         found = self._curve.knee(self.config.knee_fraction)
         crossing = found[0] if found is not None else self._limit - step
         up, down = min(self._limit + step, top), max(min(self._limit - step, crossing), lo)
-        direction = self._next_direction
-        self._next_direction = -direction
-        if direction > 0 and up == self._limit:
-            # Up is closed (the hard cap, a ceiling): skip this turn instead of probing down twice as
-            # often; the down-probe comes on the next turn.
-            return self._hold(obs, Reason.AT_MAX if self._limit >= hi else Reason.CEILING)
-        if direction > 0 and up > self._limit or down == self._limit:
-            self._up_probes += 1
-            if self._up_probes >= _CLIMB_EVERY or self._reclimb:
-                # Now and then (and first after the backend changed) look further up than one step:
-                # the top of the curve is what the knee is measured against, and it goes stale.
-                self._up_probes, self._reclimb = 0, False
-                climb = min(max(self._limit + step, self._limit + round(CLIMB_STEP * self._limit)), top)
-                return self._begin(obs, climb, CLIMB, Reason.PROBE)
-            target = up
-        else:
-            target = down
-        if target == self._limit:
+        climb = min(max(self._limit + step, self._limit + round(CLIMB_STEP * self._limit)), top)
+        turn = self._reprobe.choose(self._limit, up, down, climb)
+        if turn is None:  # up is closed (the hard cap, a ceiling): this turn is skipped
             return self._hold(obs, Reason.AT_MAX if self._limit >= hi else Reason.CEILING)  # see _hold
-        return self._begin(obs, target, CRUISE, Reason.PROBE)
-
-    def _due(self, now: float) -> bool:
-        """Whether the next probe (or yield) is due; schedules one if none is."""
-        if self._next_probe_at is None:
-            self._next_probe_at = now + self.config.reprobe_s
-        return now >= self._next_probe_at
+        target, climbing = turn
+        return self._begin(obs, target, CLIMB if climbing else CRUISE, Reason.PROBE)
 
     def _yield(self, obs: Observation, lo: int, *, room_to_grow: bool) -> Decision | None:
         """Give a probe step back to the others on a full, shared backend (see ``capacity.over_share``)."""
         step = probe_step(self.config, self._limit)
         if not over_share(obs, self.config, room_to_grow=room_to_grow) or self._limit - step < lo:
             return None
-        self._next_probe_at = obs.now + self.config.reprobe_s
+        self._reprobe.after(self.config.reprobe_s)
         return self._change(obs, self._limit - step, Reason.FAIR_SHARE)
 
     def _judge(self, obs: Observation, rate: float, lo: int, hi: int) -> Decision:
@@ -352,6 +326,8 @@ class Aimd:
             self._ssthresh = None
             return self._change(obs, fit, Reason.TPOT, Action.DECREASE)
         if probe.kind == CRUISE or probe.direction < 0:
+            if probe.direction < 0 and probe.base_limit >= hi:  # the question at the hard cap, answered
+                self._reprobe.answered(known=clearly_below(self._curve, self.config, self._limit, probe.base_limit))
             return self._cruise(obs, lo, hi, probed=True)
         paid_off, judged_on = paid(self._curve, self.config, probe.base_limit, self._limit, rate)
         self._detail.update(judged_on)
@@ -413,8 +389,7 @@ class Aimd:
                 "kind": probe.kind,
             },
             "curve": self._curve.as_dict(),
-            "next_probe_at": self._next_probe_at,
-            "next_direction": "up" if self._next_direction > 0 else "down",
+            **self._reprobe.state(),
             "last_decrease_at": self._last_decrease_at,
             "steady_since": self._readings.steady_since,
             "tpot_p99_scale": None if self._tpot.scale is None else round(self._tpot.scale, 4),

@@ -61,3 +61,13 @@ def paid(
     if base_rate <= 0:
         return rate > 0, detail
     return marginal >= config.marginal_gain_min * average, detail
+
+
+def clearly_below(curve: Curve, config: AimdConfig, low: int, high: int) -> bool:
+    """Whether ``low`` measures clearly under the knee against ``high``: its pooled throughput is under
+    ``knee_fraction`` of ``high``'s by more than the curve's shift (the deviation it calls a change of
+    the world), so no reading short of such a change could put the knee at or below ``low``."""
+    low_rate, high_rate = curve.rate(low), curve.rate(high)
+    if low_rate is None or high_rate is None or not curve.settled(low) or high_rate <= 0:
+        return False
+    return low_rate < config.knee_fraction * (1 - curve.shift) * high_rate

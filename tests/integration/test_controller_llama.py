@@ -9,8 +9,12 @@ How it stays honest on a small shared machine:
   and the load generator, and the curve keeps its knee at the slot count (batching is what pays on a CPU).
 * One gateway per configuration (the controller with its default settings, and ``--no-control --initial-limit
   K`` for K in 2, 4 and 8), all in front of the same server, measured one at a time in short runs whose order
-  rotates each round, each configuration's throughput the median of its runs: drift and a noisy second hit
-  all of them alike.
+  rotates each round. The controller is compared with each static limit round by round (its run against
+  that limit's run of the same round, seconds apart), and the median of those ratios must reach 0.9 for
+  every static limit. The medians of whole columns are printed too, but they are not what is compared: the
+  machine's other work drifts over a test, and then they compare one configuration's early runs with
+  another's late ones (one run here: the controller's median 0.85 of static 8's, while round by round it
+  ran 0.94-0.96 of it in all but the round with its exploratory probe).
 * K = 8 is above the slots: while it runs, llama-server queues requests itself, and the controller's gateway,
   idle at that moment, sees that queue. Held for ``backend_queue_persist_s`` it would cut its limit to the
   minimum although nothing of its own is in flight (reported as a controller issue); at its default of 6 s it
@@ -19,15 +23,28 @@ How it stays honest on a small shared machine:
   ``/props`` is read). This server's curve is convex at the bottom: measured direct, 149, 155, 192 and 270
   tokens/s at 1, 2, 3 and 4 streams (medians of 4 runs), so two slots are worth little more than one and
   the fourth slot is worth the most.
+* Five rounds, not three: with other work on the same two cores, single runs of any configuration fall
+  20-40% short now and then, and the controller's first measured run usually holds its one exploratory
+  probe (below), so with three rounds its median was the worse of two runs and a single bad second on a
+  static gateway decided the comparison.
 * The bar is never loosened: a failure prints every run.
 
 Faster controller settings (``FAST`` below) let it converge within the test: a tick every 0.5 s instead of
 2 s, 1 s to settle and 2 s per throughput reading instead of 2 s and 6 s (this server's tokens arrive at a
 steady few hundred per second, so 2 s readings hold a few hundred tokens), a 5 s window, a re-probe every
-10 s instead of 30 s (so the cost of probing shows in the measurement instead of falling after it; a probe
-holds for a settle and a reading, 3 s in every 10 here against 8 s in every 30 by default, so the share of
-time spent probing is about the same), and the backend's /metrics scraped every 0.5 s (the slot count, its
-hard cap, is known at once).
+10 s of busy time instead of 30 s (so the cost of probing shows in the measurement instead of falling after
+it; a probe holds for a settle and two readings, 5 s in every 10 here against 14 s in every 30 by default),
+and the backend's /metrics scraped every 0.5 s (the slot count, its hard cap, is known at once).
+
+What probing costs here, and what is measured of it: at the hard cap nothing lies above, so the only
+question is whether the knee lies below. With only the cap measured, the controller steps down one slot
+to find out (an exploratory probe, once it holds three readings at the cap: about 9-10 s in, so usually
+in its first measured run, where it costs that run up to a quarter of its throughput). Each measured run
+is 3.5 s of demand, too short to answer that probe (a settle and two readings), so it is abandoned when
+demand returns, and the next attempt waits for the re-probe schedule, doubled at the hard cap (see
+``gateway/control/reprobe.py``): 20 s of demand, which a later controller run may reach. Once the point
+below is measured clearly worse (a longer run, in production), the down-probes at the cap grow rarer while
+the answer stays the same, up to one every 16 periods.
 """
 
 from __future__ import annotations
@@ -46,7 +63,7 @@ from tests.support.llama import MODEL, llama_config, start_llama_server
 SLOTS = 4
 CLIENTS = 4 * SLOTS
 STATIC_LIMITS = (2, 4, 8)  # below, at and above the slot count
-ROUNDS = 3
+ROUNDS = 5
 WARMUP_S = 1.0  # per run: the queue fills and the first prefills pass
 MEASURE_S = 2.5
 CONVERGE_S = 8.0
@@ -95,12 +112,6 @@ async def run_load(gateway: str, seconds: float, *, warmup_s: float = WARMUP_S,
     return (chunks1 - chunks0) / (t1 - t0)
 
 
-@pytest.mark.xfail(
-    strict=False,  # reported as XPASS when it passes, XFAIL when it does not: never hidden
-    reason="not reliable on 2 shared cores (issue 5 item 7 stays open): the controller now holds the 4 slots "
-    "through the measured runs (it used to end at 3 or 2), but two gateways at the same limit 4 differ by up to "
-    "15% from run to run here, so the 0.9 bar against the best static limit passes in some runs only",
-)
 async def test_controller_settles_at_the_slots_with_the_best_static_throughput(gateways) -> None:
     controller = gateways["controller"]
     limits: list[int] = []
@@ -124,12 +135,17 @@ async def test_controller_settles_at_the_slots_with_the_best_static_throughput(g
             runs[name].append(await run_load(gateways[name], MEASURE_S,
                                              on_tick=watch_settled if name == "controller" else None))
     medians = {name: statistics.median(values) for name, values in runs.items()}
-    best_static = max((name for name in medians if name != "controller"), key=medians.__getitem__)
+    # The controller against each static limit round by round (their runs a few seconds apart), the
+    # median over the rounds; the best static limit is the one it compares worst with.
+    paired = {name: statistics.median(c / s for c, s in zip(runs["controller"], values))
+              for name, values in runs.items() if name != "controller"}
+    best_static = min(paired, key=paired.__getitem__)
     report = (f"limit while converging {limits}, at the end {converged_at}, while measured {settled}; "
               f"tokens/s per run {({n: [round(v) for v in vs] for n, vs in runs.items()})}; "
-              f"medians {({n: round(v) for n, v in medians.items()})}; best static: {best_static}")
+              f"medians {({n: round(v) for n, v in medians.items()})}; controller / static, median of the "
+              f"rounds {({n: round(r, 3) for n, r in paired.items()})}; best static: {best_static}")
     print(report)
 
     assert settled and max(settled) <= SLOTS, report
     assert converged_at <= SLOTS, report
-    assert medians["controller"] >= 0.9 * medians[best_static], report
+    assert paired[best_static] >= 0.9, report

@@ -195,3 +195,67 @@ def test_start_point_from_a_sweep_carries_its_levels_up_to_the_peak() -> None:
     start = StartPoint.from_sweep(Sweep())
     assert start is not None and start.limit == 32 and start.peak_tokens_per_s == 2345.0
     assert start.levels == ((16, 1770.0), (32, 2245.0), (48, 2345.0))  # no failed level, none past the peak
+
+
+def four_slots(limit: int) -> float:
+    """A 4-slot llama-server on a CPU (measured in tests/integration/test_controller_llama.py): convex at
+    the bottom, so the fourth slot is worth the most and one slot less costs ~30% of the throughput."""
+    return (0.0, 149.0, 155.0, 192.0, 270.0)[min(limit, 4)]
+
+
+def below_cap(decisions: list[Decision], cap: int = 4) -> list[Decision]:
+    return [d for d in decisions if d.limit < cap and d.reason is Reason.PROBE and d.action is Action.DECREASE]
+
+
+def test_down_probes_at_the_hard_cap_grow_rare_while_the_point_below_stays_clearly_worse() -> None:
+    """At the hard cap the only question a probe asks is whether the knee moved below it; one slot less
+    costs ~30% here, so asking every two periods cost ~7% of the throughput for an answer already known."""
+    drive = Drive(Aimd(CONFIG, initial_limit=8), rate=four_slots, clients=16)
+    decisions = drive.run(1800, hard_cap=4)
+    probes = below_cap(decisions)
+    assert probes, "it still asks"
+    # one every 2 periods (60 s) would be 30; doubling the wait, up to 8 periods, leaves a handful
+    assert len(probes) <= 8, [round(d.now) for d in probes]
+    spent = sum(1 for d in decisions[len(decisions) // 2:] if d.limit < 4) / (len(decisions) - len(decisions) // 2)
+    assert spent < 0.05
+
+
+def test_a_change_of_the_backend_at_the_hard_cap_brings_the_probes_back() -> None:
+    drive = Drive(Aimd(CONFIG, initial_limit=8), rate=four_slots, clients=16)
+    drive.run(1800, hard_cap=4)
+    assert drive.aimd.state()["quiet"] > 1
+    drive.rate = lambda limit: 0.5 * four_slots(limit)  # a co-tenant: everything half as fast
+    after = drive.run(200, hard_cap=4)
+    assert any(d.inputs.get("curve_rescaled") for d in after)
+    assert below_cap(after), "the knee is asked about again within a few periods"
+    # and the probe comes back to the cap (after a rescale the cap's own reading is the top of the curve)
+    assert sum(1 for d in after[-40:] if d.limit == 4) >= 0.8 * 40
+
+
+def test_a_probe_waits_for_busy_time_not_wall_time() -> None:
+    """A probe is measured under demand only: after an idle spell the next one is not overdue, or every
+    burst of demand would start with one."""
+    drive = Drive(Aimd(CONFIG, initial_limit=8))
+    drive.run(200)
+    while (drive.aimd.state()["next_probe_in_busy_s"] or 0) < 20 or drive.aimd.state()["probe"] is not None:
+        drive.run(2)
+    drive.clients = 0
+    drive.run(600)
+    drive.clients = 100
+    burst = drive.run(14)
+    assert not [d for d in burst if d.reason is Reason.PROBE], [(d.limit, d.reason.value) for d in burst]
+
+
+def test_bursts_shorter_than_a_probe_do_not_each_pay_for_one() -> None:
+    """At the hard cap with nothing measured below it, the step down is a probe (a settle and two
+    readings); bursts of demand too short for it abandon it every time, so the next attempt waits for
+    the (doubling) schedule instead of starting again in every burst."""
+    drive = Drive(Aimd(CONFIG, initial_limit=8), rate=four_slots, clients=16)
+    drive.run(24, hard_cap=4)  # the cap, and readings at it
+    attempts = []
+    for _ in range(20):  # 20 s idle, 12 s of demand: time for a reading at the cap, not for a probe
+        drive.clients = 0
+        drive.run(20, hard_cap=4)
+        drive.clients = 16
+        attempts += below_cap(drive.run(12, hard_cap=4))
+    assert 1 <= len(attempts) <= 5, [round(d.now) for d in attempts]  # one in every burst would be 20
