@@ -200,8 +200,10 @@ class Settings(BaseSettings):
     )
     reprobe_s: float = Field(
         30.0, gt=0,
-        description="Time at the knee before probing again (alternately up and down), so a backend that got "
-        "faster is found again; a limit that caused congestion is not retried for twice this.",
+        description="Busy time (time the limit was the bottleneck) at the knee before probing one step beside it "
+        "again (alternately up and down), so a backend that got faster is found again; at the hard cap, while "
+        "the point below stays clearly worse, the wait doubles up to 8 periods; a limit that caused congestion "
+        "is not retried for twice this.",
     )
     gpus: Annotated[list[int], NoDecode] = Field(
         default_factory=list,
