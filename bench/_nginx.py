@@ -30,6 +30,14 @@ http {{
     fastcgi_temp_path {tmp}/fastcgi;
     uwsgi_temp_path {tmp}/uwsgi;
     scgi_temp_path {tmp}/scgi;
+    # llama-server closes a connection after every streamed reply while advertising keep-alive, and a
+    # request sent on it then hangs or fails: streamed requests go upstream with "Connection: close" (as the
+    # gateway sends them), the others on kept connections. The body is read before proxying, so the
+    # map sees it.
+    map $request_body $upstream_connection {{
+        '~"stream"\\s*:\\s*true' close;
+        default "";
+    }}
     upstream backend {{
         server {upstream_host}:{upstream_port} max_fails=0;
         keepalive 64;
@@ -39,11 +47,10 @@ http {{
         location / {{
             proxy_pass http://backend;
             proxy_http_version 1.1;
-            proxy_set_header Connection "";
+            proxy_set_header Connection $upstream_connection;
             proxy_buffering off;
             proxy_read_timeout 300s;
-            # llama-server closes a connection after every streamed reply while advertising keep-alive:
-            # a POST sent on such a kept connection fails before any byte, and is safe to resend.
+            # A POST whose kept connection turns out closed fails before any byte: safe to resend.
             proxy_next_upstream error non_idempotent;
             proxy_next_upstream_tries 3;
         }}

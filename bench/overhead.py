@@ -48,11 +48,16 @@ console = Console(width=None if sys.stdout.isatty() else 150)
 class Run:
     requests: int = 0
     errors: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)  # HTTP status or exception name -> count
     chunks: int = 0
     seconds: float = 0.0
     ttft: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
     cpu_s: float | None = None
+
+    def failed(self, kind: str) -> None:
+        self.errors += 1
+        self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
 
     @property
     def rps(self) -> float:
@@ -103,7 +108,7 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, stream: bool
         async with await post(session, f"{url}/v1/chat/completions", body, headers) as resp:
             if resp.status != 200:
                 await resp.read()
-                run.errors += 1
+                run.failed(str(resp.status))
                 return
             if not stream:
                 await resp.read()
@@ -115,8 +120,8 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, stream: bool
                             first = time.perf_counter()
                             run.ttft.append(first - t0)
                         run.chunks += 1
-    except aiohttp.ClientError:
-        run.errors += 1
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        run.failed(type(exc).__name__)
         return
     run.e2e.append(time.perf_counter() - t0)
     run.requests += 1
@@ -172,7 +177,10 @@ async def first_model(url: str) -> str:
 def start_llama() -> tuple[object, str]:
     from gateway.testing.llama_process import start_near_free_server
 
-    return start_near_free_server(parallel=32)
+    # Direct clients, nginx's, the floor's and the gateway's pools all keep connections to this one server, each
+    # holding one of its HTTP threads while idle: with the default (slots + 2) the next configuration's
+    # requests wait for the previous one's idle connections to time out.
+    return start_near_free_server(parallel=32, http_threads=256)
 
 
 def raise_fd_limit(clients: int) -> None:
@@ -317,8 +325,18 @@ def summarise(direct: list[Run], proxied: list[Run]) -> dict:
         "cpu_ms_per_request": round(cpu / requests * 1e3, 3) if requests else None,
         "cpu_us_per_chunk": round(cpu / chunks * 1e6, 1) if chunks else None,
         "errors": sum(r.errors for r in proxied),
+        "error_kinds": _merged_kinds(proxied),
         "direct_errors": sum(r.errors for r in direct),
+        "direct_error_kinds": _merged_kinds(direct),
     }
+
+
+def _merged_kinds(runs: list[Run]) -> dict[str, int]:
+    merged: dict[str, int] = {}
+    for run in runs:
+        for kind, count in run.error_kinds.items():
+            merged[kind] = merged.get(kind, 0) + count
+    return merged
 
 
 def _verdict(value: float | None, target: float, *, at_least: bool) -> str:
@@ -358,6 +376,9 @@ def report(results: dict) -> None:
     row("  ratio to direct", "stream_c8", "tokens_ratio", "x", TARGETS["tokens_ratio"], at_least=True)
     row("  CPU per streamed chunk", "stream_c8", "cpu_us_per_chunk", " us", TARGETS["cpu_us_per_chunk"])
     row("  CPU per streamed request", "stream_c8", "cpu_ms_per_request", " ms")
+    errors = {p: sum(phases[ph][p]["errors"] for ph in phases) for p in proxies}
+    direct_errors = sum(phases[ph][proxies[0]]["direct_errors"] for ph in phases)
+    table.add_row("failed requests, all phases", str(direct_errors), *(str(errors[p]) for p in proxies), "0")
     if "memory" in results:
         m = results["memory"]
         cells = ["" for _ in proxies[:-1]] + [f"{m['rss_mb']} MB (idle {m['rss_idle_mb']})"]

@@ -128,15 +128,19 @@ def start_server(config: LlamaServerConfig, *, timeout_s: float = 120.0) -> Llam
     return proc
 
 
-def start_near_free_server(parallel: int = 32, *, threads: int = 1,
-                           ctx_per_slot: int = 512) -> tuple[LlamaServerProcess, str]:
+def start_near_free_server(parallel: int = 32, *, threads: int = 1, ctx_per_slot: int = 512,
+                           http_threads: int | None = None) -> tuple[LlamaServerProcess, str]:
     """llama-server on :data:`NEAR_FREE_MODEL` with ``parallel`` slots; returns ``(process, url)``.
 
     One thread by default: on a 2-core machine a second ggml thread buys nothing for a model this small
-    and would spin against the gateway being measured for the other core.
+    and would spin against the gateway being measured for the other core. ``http_threads``: llama-server
+    serves each open connection on a thread of its own (``parallel`` + 2 of them by default), and an idle
+    kept-alive connection holds its thread for seconds; several proxies' pools in front of one server
+    need more than the default, or one's idle connections starve the next one's requests.
     """
+    extra = ("--threads-http", str(http_threads)) if http_threads else ()
     config = LlamaServerConfig(model=ensure_model(NEAR_FREE_MODEL), port=0, parallel=parallel,
-                               ctx_per_slot=ctx_per_slot, threads=threads, alias=NEAR_FREE_ALIAS)
+                               ctx_per_slot=ctx_per_slot, threads=threads, alias=NEAR_FREE_ALIAS, extra=extra)
     proc = start_server(config)
     assert proc.url is not None
     return proc, proc.url
