@@ -3,6 +3,13 @@
 Health is polled off the request path (``/health``, falling back to ``/v1/models`` for servers that
 have no health route). Models are learned from ``/v1/models`` so a request for a model no upstream
 serves gets a 404 instead of a slot, and so a request goes only to upstreams that serve its model.
+
+An answer marks an upstream down at once (a 503 "Loading model", a refused connection): the server said
+so. A probe that got no answer (timed out, or its connection dropped) does not, on its own: a pooled
+connection the server had just closed is resent once, as on the request path, and a healthy upstream
+is marked down only after :data:`SILENT_PROBES_TO_DOWN` polls in a row went unanswered. A server busy
+enough to answer its probe late is still serving; taking it out for a poll interval would refuse every
+request meanwhile.
 """
 
 from __future__ import annotations
@@ -20,6 +27,10 @@ from gateway.control.window import SlidingWindow
 
 log = logging.getLogger("sweetspot.upstreams")
 
+SILENT_PROBES_TO_DOWN = 2
+# A pooled connection the server closed while it sat idle fails this way before the request was read.
+_DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
 
 @dataclass
 class Upstream:
@@ -31,6 +42,7 @@ class Upstream:
     models: list[dict[str, Any]] | None = None  # None: not known (listing failed or unsupported)
     health_error: str | None = None
     last_health_check: float | None = None
+    silent_probes: int = 0  # health polls in a row that got no answer
 
     @property
     def name(self) -> str:
@@ -82,28 +94,51 @@ async def check_health(
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     healthy: bool | None = False  # None: the server has no /health route; its model list decides
     error: str | None = None
+    silent = False  # no answer at all: timed out or dropped
     try:
-        async with session.get(f"{upstream.url}/health", headers=headers, timeout=timeout) as resp:
-            await resp.read()
-            healthy = None if resp.status == 404 else resp.status == 200
-            if healthy is False:
-                error = f"/health answered {resp.status}"
+        status = await _get_health(session, f"{upstream.url}/health", headers, timeout)
+        healthy = None if status == 404 else status == 200
+        if healthy is False:
+            error = f"/health answered {status}"
+    except aiohttp.ClientConnectorError as exc:  # refused: nothing listens
+        error = f"/health failed: {type(exc).__name__}: {exc}"
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         error = f"/health failed: {type(exc).__name__}: {exc}"
+        silent = True
     if healthy is not False:
         models, models_error = await _list_models(session, upstream.url, headers, timeout)
         upstream.models = models
         if healthy is None:
             healthy, error = models is not None, models_error
     was = upstream.limiter.healthy
+    upstream.silent_probes = upstream.silent_probes + 1 if silent else 0
+    if silent and was and upstream.silent_probes < SILENT_PROBES_TO_DOWN:
+        healthy = True  # one unanswered probe of a serving upstream: wait for the next poll
     upstream.limiter.healthy = bool(healthy)
-    upstream.health_error = None if healthy else error
+    upstream.health_error = error if (not healthy or silent) else None
     upstream.last_health_check = time.monotonic()
     if was != upstream.limiter.healthy:
         log.warning(
             "upstream %s is now %s%s", upstream.url, "healthy" if healthy else "unhealthy",
             f" ({error})" if error and not healthy else "",
         )
+
+
+async def _get_health(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
+                      timeout: aiohttp.ClientTimeout) -> int:
+    """GET the health route; its status. A connection dropped before the answer is tried once more on a
+    fresh one (the pooled one was closed by the server while idle, like llama-server's after 5 s)."""
+    for attempt in range(2):
+        try:
+            async with session.get(url, headers=headers, timeout=timeout) as resp:
+                await resp.read()
+                return resp.status
+        except aiohttp.ClientConnectorError:
+            raise
+        except _DROPPED:
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
 
 
 async def _list_models(
