@@ -76,10 +76,10 @@ class ProxiedRoutes:
     middlewares; every other request goes on to the app.
 
     Why: each layer between the server and the handler wraps ``send``, and a streamed reply pays every
-    wrapper once per chunk. Measured with ``bench/overhead.py`` (streamed, 64 tokens, concurrency 8) this
-    front saves two wrappers per chunk plus the routing per request. It loses nothing: :class:`_Forward`
-    turns every exception into an OpenAI-shaped answer itself, and the server-error middleware above this
-    one still catches anything that escapes.
+    wrapper once per chunk; served here, a chunk passes two wrappers fewer, and the request skips the
+    routing (``bench/overhead.py`` measures the whole streamed path; the README has the figures). It
+    loses nothing: :class:`_Forward` turns every exception into an OpenAI-shaped answer itself, and the
+    server-error middleware above this one still catches anything that escapes.
     """
 
     def __init__(self, app: ASGIApp) -> None:
