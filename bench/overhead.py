@@ -39,7 +39,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _nginx import start_nginx  # noqa: E402
-from _procs import ROOT, cpu_seconds, gateway_cmd, rss_mb, start, stop  # noqa: E402
+from _procs import ROOT, cpu_seconds, gateway_cmd, rss_mb, start  # noqa: E402
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 
@@ -232,15 +232,15 @@ def main() -> None:
                               "(apt-get install nginx-light adds it)[/yellow]")
             else:
                 proc, url, tmp = nginx
-                cleanup += [lambda proc=proc: stop(proc), tmp.cleanup]
+                cleanup += [proc.stop, tmp.cleanup]
                 proxies["nginx"] = (url, proc.pid)
             proc, url = start([sys.executable, str(ROOT / "bench" / "floor_proxy.py"), upstream],
                               r"listening on (http://\S+)")
-            cleanup.append(lambda proc=proc: stop(proc))
+            cleanup.append(proc.stop)
             proxies["floor"] = (url, proc.pid)
         proc, url = start(gateway_cmd(upstream, "--no-control", "--initial-limit", "64", "--max-queue", "20000"),
                           r"listening on (http://\S+)")
-        cleanup.append(lambda proc=proc: stop(proc))
+        cleanup.append(proc.stop)
         proxies["gateway"] = (url, proc.pid)
         results = asyncio.run(bench(upstream, proxies, args))
         memory_proc, memory_url = start(
@@ -252,7 +252,7 @@ def main() -> None:
             results["memory"] = asyncio.run(
                 memory_under_queue(memory_url, results["model"], memory_proc.pid, args.clients))
         finally:
-            stop(memory_proc)
+            memory_proc.stop()
     finally:
         for step in reversed(cleanup):
             step()

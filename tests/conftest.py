@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.processes import process_factory
+from gateway.testing.processes import process_factory
 
 
 @pytest.fixture

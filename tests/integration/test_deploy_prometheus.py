@@ -39,7 +39,7 @@ import openai
 import pytest
 import yaml
 
-from tests.support.processes import LISTENING, RunningProcess, sweetspot, start_process
+from gateway.testing.processes import LISTENING, RunningProcess, sweetspot, start_process
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(300)]
 

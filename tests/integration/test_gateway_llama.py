@@ -25,7 +25,7 @@ import pytest
 
 from tests.support.gateway import get_json, metric_value, start_gateway
 from tests.support.llama import MODEL, free_port, llama_config, start_llama_server
-from tests.support.processes import RunningProcess
+from gateway.testing.processes import RunningProcess
 
 SLOTS = 4
 EMBED_MODEL = "tiny-embed"

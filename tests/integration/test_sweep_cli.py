@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.bench.result import load_sweep_result
-from tests.support.processes import LISTENING, RunningProcess, start_process, sweetspot
+from gateway.testing.processes import LISTENING, RunningProcess, start_process, sweetspot
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import json
 import urllib.request
 from collections.abc import Callable
 
-from tests.support.processes import LISTENING, RunningProcess, sweetspot
+from gateway.testing.processes import LISTENING, RunningProcess, sweetspot
 
 Start = Callable[..., RunningProcess]
 

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.testing.llama_server import LlamaServerConfig, LlamaServerNotFound, find_binary
 from gateway.testing.tiny_gguf import TinyModelSpec, ensure_model
-from tests.support.processes import LISTENING, RunningProcess
+from gateway.testing.processes import LISTENING, RunningProcess
 
 Start = Callable[..., RunningProcess]
 

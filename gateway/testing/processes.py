@@ -1,10 +1,12 @@
-"""Start real processes for tests, wait until they are ready, and always clean them up.
+"""Start real processes (for tests, benchmarks and scripts), wait until they are ready, always clean them up.
 
 ``start_process`` runs a command in its own process group, collects its output (stdout and
 stderr together) on a thread, and returns once the process is ready: a line of its output
 matched ``ready_pattern`` and/or ``ready_url`` answered 200. If the process dies or is not ready
 within ``timeout``, it is killed and the error carries its output, so a failing test says why.
-``stop()`` sends SIGTERM to the whole group (children included), then SIGKILL.
+``stop()`` sends SIGTERM to the whole group (children included), then SIGKILL. The output kept is
+the last :data:`KEPT_LINES` lines: a server that logs every request for a long benchmark must not grow
+without bound in the process that watches it.
 
 Typical use, as a fixture::
 
@@ -27,12 +29,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 #: The line ``sweetspot sim`` (and other servers of ours) print once they accept connections.
 LISTENING = r"listening on (http://\S+)"
+#: Lines of output a :class:`RunningProcess` keeps (older ones are dropped).
+KEPT_LINES = 5000
 
 
 class ProcessError(RuntimeError):
@@ -46,7 +51,8 @@ class RunningProcess:
         self.cmd = list(cmd)
         self.popen = popen
         self.match: re.Match[str] | None = None
-        self._lines: list[str] = []
+        self._lines: deque[str] = deque(maxlen=KEPT_LINES)
+        self._read_count = 0  # lines read in all, dropped ones included
         self._lock = threading.Lock()
         self._new_line = threading.Condition(self._lock)
         self._reader = threading.Thread(target=self._read, name=f"output of {Path(cmd[0]).name}", daemon=True)
@@ -75,6 +81,7 @@ class RunningProcess:
         for raw in iter(self.popen.stdout.readline, b""):
             with self._lock:
                 self._lines.append(raw.decode("utf-8", "replace"))
+                self._read_count += 1
                 self._new_line.notify_all()
         with self._lock:
             self._new_line.notify_all()
@@ -83,14 +90,15 @@ class RunningProcess:
         """Block until a line of output matches ``pattern`` (searched, not anchored)."""
         regex = re.compile(pattern)
         deadline = time.monotonic() + timeout
-        seen = 0
+        seen = 0  # lines already searched, counted from the first line ever read
         with self._lock:
             while True:
-                for line in self._lines[seen:]:
+                first_kept = self._read_count - len(self._lines)
+                for line in list(self._lines)[max(seen - first_kept, 0):]:
                     m = regex.search(line)
                     if m:
                         return m
-                seen = len(self._lines)
+                seen = self._read_count
                 if self.popen.poll() is not None and not self._reader.is_alive():
                     raise ProcessError(self._why(f"exited with code {self.popen.returncode} before printing "
                                                  f"a line matching {pattern!r}"))
@@ -186,7 +194,8 @@ def start_process(
 
 
 def sweetspot(*args: str) -> list[str]:
-    """The command line of the ``sweetspot`` CLI installed next to this interpreter."""
+    """The command line of the ``sweetspot`` CLI installed next to this interpreter (tests use the
+    installed entry point on purpose: it is what a user runs)."""
     exe = Path(sys.executable).with_name("sweetspot")
     if not exe.exists():
         raise ProcessError(f"{exe} not found: install the package into this environment (make venv)")
