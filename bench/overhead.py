@@ -41,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _nginx import start_nginx  # noqa: E402
 from _procs import ROOT, cpu_seconds, gateway_cmd, rss_mb, start  # noqa: E402
 
+from gateway.testing.processes import LISTENING, RunningProcess  # noqa: E402
+
 console = Console(width=None if sys.stdout.isatty() else 150)
 
 
@@ -174,7 +176,7 @@ async def first_model(url: str) -> str:
             return (await resp.json())["data"][0]["id"]
 
 
-def start_llama() -> tuple[object, str]:
+def start_llama() -> tuple[RunningProcess, str]:
     from gateway.testing.llama_process import start_near_free_server
 
     # Direct clients, nginx's, the floor's and the gateway's pools all keep connections to this one server, each
@@ -235,18 +237,18 @@ def main() -> None:
                 cleanup += [proc.stop, tmp.cleanup]
                 proxies["nginx"] = (url, proc.pid)
             proc, url = start([sys.executable, str(ROOT / "bench" / "floor_proxy.py"), upstream],
-                              r"listening on (http://\S+)")
+                              LISTENING)
             cleanup.append(proc.stop)
             proxies["floor"] = (url, proc.pid)
         proc, url = start(gateway_cmd(upstream, "--no-control", "--initial-limit", "64", "--max-queue", "20000"),
-                          r"listening on (http://\S+)")
+                          LISTENING)
         cleanup.append(proc.stop)
         proxies["gateway"] = (url, proc.pid)
         results = asyncio.run(bench(upstream, proxies, args))
         memory_proc, memory_url = start(
             gateway_cmd(upstream, "--no-control", "--initial-limit", "4", "--max-queue", "20000",
                         "--queue-timeout-s", "600"),
-            r"listening on (http://\S+)",
+            LISTENING,
         )
         try:
             results["memory"] = asyncio.run(
@@ -257,7 +259,7 @@ def main() -> None:
         for step in reversed(cleanup):
             step()
         if upstream_proc is not None:
-            upstream_proc.stop()  # type: ignore[attr-defined]
+            upstream_proc.stop()
     report(results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
