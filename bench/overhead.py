@@ -41,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _nginx import start_nginx  # noqa: E402
 from _procs import ROOT, cpu_seconds, gateway_cmd, rss_mb, start  # noqa: E402
 
+from gateway.proxy import STALE_RETRIES  # noqa: E402
+from gateway.resend import resend_if_stale  # noqa: E402
 from gateway.testing.processes import LISTENING, RunningProcess  # noqa: E402
 
 console = Console(width=None if sys.stdout.isatty() else 150)
@@ -82,22 +84,10 @@ def pct(values: list[float], q: float) -> float:
 # ``Connection: close`` (so those connections are never pooled), and resends a request whose pooled connection
 # died before any byte came back; the direct client does the same (``close_streams``), or half of its streamed
 # requests fail and the comparison measures that instead of the proxy.
-STALE_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
-STALE_RETRIES = 2
-
-
 async def post(session: aiohttp.ClientSession, url: str, body: dict, headers: dict[str, str] | None = None
                ) -> aiohttp.ClientResponse:
-    """POST, resending when the pooled connection turns out to be closed before any byte came back."""
-    for attempt in range(STALE_RETRIES + 1):
-        try:
-            return await session.post(url, json=body, headers=headers)
-        except aiohttp.ClientConnectorError:
-            raise
-        except STALE_ERRORS:
-            if attempt == STALE_RETRIES:
-                raise
-    raise AssertionError("unreachable")
+    """POST, resending (as the gateway does) when the pooled connection turns out to be dead."""
+    return await resend_if_stale(lambda: session.post(url, json=body, headers=headers), resends=STALE_RETRIES)
 
 
 async def one(session: aiohttp.ClientSession, url: str, model: str, stream: bool, max_tokens: int, run: Run,

@@ -24,6 +24,9 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gateway.proxy import STALE_RETRIES  # noqa: E402
+from gateway.resend import resend_if_stale  # noqa: E402
 
 console = Console()
 CONCURRENCY = 16
@@ -60,15 +63,7 @@ async def _aiohttp_post(session: aiohttp.ClientSession, url: str, payload: dict,
                         headers: dict[str, str] | None) -> aiohttp.ClientResponse:
     """POST as the gateway's proxy does: a request whose pooled connection died before any byte came back is
     sent again."""
-    for attempt in range(3):
-        try:
-            return await session.post(url, json=payload, headers=headers)
-        except aiohttp.ClientConnectorError:
-            raise
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+    return await resend_if_stale(lambda: session.post(url, json=payload, headers=headers), resends=STALE_RETRIES)
 
 
 async def with_httpx(url: str, model: str, requests: int, stream: bool, max_tokens: int) -> tuple[float, int]:

@@ -21,15 +21,12 @@ from starlette.types import Receive, Scope, Send
 from gateway.api.errors import sse_error_event
 from gateway.control.window import Outcome
 from gateway.measure import RequestTracker
+from gateway.resend import STALE_CONNECTION_ERRORS, resend_if_stale
 from gateway.telemetry.metrics import GatewayMetrics
 
 log = logging.getLogger("sweetspot.proxy")
 
-# Errors that mean "the connection died before the upstream answered". llama-server closes a
-# connection after a streamed reply while still advertising keep-alive, so a request sent on such a
-# pooled connection fails this way without the server having seen it: safe to send again.
-STALE_CONNECTION_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
-STALE_RETRIES = 2
+STALE_RETRIES = 2  # resends of a request whose pooled connection was dead (see gateway.resend)
 
 
 class UpstreamUnavailable(Exception):
@@ -87,28 +84,26 @@ class UpstreamClient:
         """POST and wait for the status line. Raises :class:`UpstreamUnavailable` for failures that
         happened before any byte of an answer (connect errors, 5xx), retrying stale connections."""
         url = base_url + path
-        for attempt in range(STALE_RETRIES + 1):
-            try:
-                response = await self.session.post(url, data=body, headers=headers)
-            except aiohttp.ClientConnectorError as exc:
-                raise UpstreamUnavailable(f"cannot connect to {base_url}: {exc}", connect_failed=True) from exc
-            except STALE_CONNECTION_ERRORS as exc:
-                if attempt < STALE_RETRIES:
-                    self._metrics.upstream_retries.labels(base_url, "stale_connection").inc()
-                    continue
-                raise UpstreamUnavailable(f"{base_url} closed the connection: {exc}") from exc
-            except asyncio.TimeoutError:
-                raise
-            except aiohttp.ClientError as exc:  # anything else before an answer: try elsewhere
-                raise UpstreamUnavailable(f"{base_url}: {type(exc).__name__}: {exc}") from exc
-            if response.status >= 500:
-                payload = await _read_quietly(response)
-                raise UpstreamUnavailable(
-                    f"{base_url} answered {response.status}", status=response.status, body=payload,
-                    retry_after=response.headers.get("Retry-After"),
-                )
-            return UpstreamReply(response)
-        raise AssertionError("unreachable")
+        retries = self._metrics.upstream_retries
+        try:
+            response = await resend_if_stale(
+                lambda: self.session.post(url, data=body, headers=headers), resends=STALE_RETRIES,
+                on_resend=lambda: retries.labels(base_url, "stale_connection").inc())
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamUnavailable(f"cannot connect to {base_url}: {exc}", connect_failed=True) from exc
+        except STALE_CONNECTION_ERRORS as exc:
+            raise UpstreamUnavailable(f"{base_url} closed the connection: {exc}") from exc
+        except asyncio.TimeoutError:
+            raise
+        except aiohttp.ClientError as exc:  # anything else before an answer: try elsewhere
+            raise UpstreamUnavailable(f"{base_url}: {type(exc).__name__}: {exc}") from exc
+        if response.status >= 500:
+            payload = await _read_quietly(response)
+            raise UpstreamUnavailable(
+                f"{base_url} answered {response.status}", status=response.status, body=payload,
+                retry_after=response.headers.get("Retry-After"),
+            )
+        return UpstreamReply(response)
 
 
 async def _read_quietly(response: aiohttp.ClientResponse) -> bytes:

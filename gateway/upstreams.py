@@ -24,12 +24,11 @@ import aiohttp
 
 from gateway.admission import Limiter
 from gateway.control.window import SlidingWindow
+from gateway.resend import resend_if_stale
 
 log = logging.getLogger("sweetspot.upstreams")
 
 SILENT_PROBES_TO_DOWN = 2
-# A pooled connection the server closed while it sat idle fails this way before the request was read.
-_DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
 @dataclass
@@ -126,19 +125,14 @@ async def check_health(
 
 async def _get_health(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
                       timeout: aiohttp.ClientTimeout) -> int:
-    """GET the health route; its status. A connection dropped before the answer is tried once more on a
-    fresh one (the pooled one was closed by the server while idle, like llama-server's after 5 s)."""
-    for attempt in range(2):
-        try:
-            async with session.get(url, headers=headers, timeout=timeout) as resp:
-                await resp.read()
-                return resp.status
-        except aiohttp.ClientConnectorError:
-            raise
-        except _DROPPED:
-            if attempt:
-                raise
-    raise AssertionError("unreachable")
+    """GET the health route; its status. A connection dropped before the answer is tried once more (the
+    pooled one was closed by the server while idle, like llama-server's after 5 s)."""
+    async def attempt() -> int:
+        async with session.get(url, headers=headers, timeout=timeout) as resp:
+            await resp.read()
+            return resp.status
+
+    return await resend_if_stale(attempt, resends=1)
 
 
 async def _list_models(

@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 
 from gateway.bench.workload import ApiKind, RequestSpec
+from gateway.resend import STALE_CONNECTION_ERRORS
 
 REJECT_STATUSES = frozenset({429, 503})  # overload answers (a gateway's queue), not backend failures
 _PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -255,7 +256,7 @@ class StreamClient:
             return await self.session.post(self.target.endpoint, data=payload, headers=headers)
         except aiohttp.ClientConnectorError:
             raise
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+        except STALE_CONNECTION_ERRORS:
             record.start = time.perf_counter()
         if self._fresh is None:
             self._fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True),
