@@ -75,6 +75,7 @@ class Supervisor:
                 upstream.url, kind=settings.backend, session=self.gateway.client.session,
                 api_key=settings.upstream_api_key, clock=self.gateway.clock,
                 timeout_s=min(settings.metrics_interval_s, 5.0),
+                read_health=False,  # the health poll (gateway.upstreams) reads /health already
             )
             self._bind_gauges(upstream)
 

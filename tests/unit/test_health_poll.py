@@ -126,3 +126,16 @@ async def test_nothing_listening_marks_the_upstream_down_at_once(session) -> Non
     u = upstream(f"http://127.0.0.1:{port}")
     await poll(session, u)
     assert not u.healthy and "ClientConnectorError" in (u.health_error or "")
+
+
+@pytest.mark.parametrize("read_health", [True, False])
+async def test_the_backend_scraper_leaves_health_to_the_poll_when_told(server, read_health: bool) -> None:
+    """The gateway's scrapers run beside its health poll: they do not GET /health a second time."""
+    from gateway.telemetry.backends.scraper import BackendScraper
+
+    script, url = server
+    async with BackendScraper(url, kind="openai", read_health=read_health) as scraper:
+        snapshot = await scraper.scrape()
+    assert snapshot.error is None and snapshot.taken_at is not None
+    assert script.calls == (1 if read_health else 0)
+    assert snapshot.healthy is (True if read_health else None)

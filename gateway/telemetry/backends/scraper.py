@@ -1,7 +1,8 @@
 """Poll one inference server's own endpoints and keep its latest :class:`BackendSnapshot`.
 
-Reads ``/health`` always; ``/metrics`` for vLLM and llama-server; ``/props`` (``total_slots``) and
-``/slots`` (busy slots, when enabled) for llama-server. The kind is given or detected from what the
+Reads ``/health`` (unless ``read_health=False``: the gateway's own health poll reads it already);
+``/metrics`` for vLLM and llama-server; ``/props`` (``total_slots``) and ``/slots`` (busy slots, when
+enabled) for llama-server. The kind is given or detected from what the
 server answers: ``vllm:`` metric names mean vLLM; ``llamacpp:`` names, or a ``/props`` answer with
 ``total_slots`` (llama-server started without ``--metrics``), mean llama-server. A server that answers
 both probes without either sign is a generic OpenAI server (``openai``): health only. While a server
@@ -64,6 +65,9 @@ class _Fetch:
             return None
 
 
+_NOT_READ = _Fetch(None, error="not read")
+
+
 class BackendScraper:
     """The latest snapshot of one upstream at ``base_url``; call :meth:`scrape` every tick or :meth:`run`."""
 
@@ -76,8 +80,10 @@ class BackendScraper:
         timeout_s: float = 2.0,
         api_key: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        read_health: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._read_health = read_health  # False: ``healthy`` stays None, someone else polls /health
         self.kind: BackendKind | None = None if kind == "auto" else kind
         self._session = session
         self._owns_session = session is None
@@ -114,6 +120,9 @@ class BackendScraper:
         except (aiohttp.ClientError, OSError) as exc:
             return _Fetch(None, error=f"{type(exc).__name__}: {exc}")
 
+    async def _health(self) -> _Fetch:
+        return await self._get("/health") if self._read_health else _NOT_READ
+
     async def _detect(self, metrics: _Fetch) -> BackendKind | None:
         """The kind, or None when the server cannot tell yet (down, loading)."""
         if metrics.ok:
@@ -133,10 +142,10 @@ class BackendScraper:
     async def scrape(self) -> BackendSnapshot:
         """Read the server once; update and return :attr:`latest`. Never raises (bar cancellation)."""
         if self.kind == "openai":  # nothing but health to read
-            health, metrics = await self._get("/health"), _Fetch(None, error="not read")
+            health, metrics = await self._health(), _NOT_READ
         else:
-            health, metrics = await asyncio.gather(self._get("/health"), self._get("/metrics"))
-        healthy = health.ok
+            health, metrics = await asyncio.gather(self._health(), self._get("/metrics"))
+        healthy = health.ok if self._read_health else None
         if self.kind is None:
             self.kind = await self._detect(metrics)
             if self.kind is None:
@@ -148,7 +157,7 @@ class BackendScraper:
             result = self._vllm(metrics, now)
         elif self.kind == "llamacpp":
             result = await self._llama(metrics, now)
-        elif health.status is None:
+        elif self._read_health and health.status is None:
             result = health.why("/health")
         else:
             result = BackendSnapshot(kind="openai", taken_at=now)
