@@ -70,6 +70,8 @@ class UpstreamClient:
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
             self._session = aiohttp.ClientSession(
                 connector=connector,
+                # One session serves every client: an upstream's cookies must not reach the next client.
+                cookie_jar=aiohttp.DummyCookieJar(),
                 timeout=aiohttp.ClientTimeout(total=self._total_timeout_s, connect=self._connect_timeout_s),
                 skip_auto_headers=("User-Agent",),
             )
@@ -159,12 +161,20 @@ class SSEFilter:
 
     def feed(self, data: bytes) -> bytes:
         """Bytes to send to the client for this read: every complete event, filtered."""
+        step = len(self._separator)
+        if (self._seen_token and not self._rest and data.endswith(self._separator)
+                and data.find(self._separator) == len(data) - step and data[-step - 1] == 0x7D and data.startswith(b"data:")
+                and b'"usage"' not in data and b'"error"' not in data):
+            # Once tokens flow, most reads are one whole token event: counted and passed on as they are.
+            self._last_counted = data
+            self._tracker.tokens(1, self._clock())
+            return data
         if self._rest:
             data, self._rest = self._rest + data, b""
         if not self._framed and b"\r\n" in data:
             self._separator = b"\r\n\r\n"  # the spec allows CRLF line ends; the servers seen use LF
         separator = self._separator
-        step = len(separator)
+        step = len(separator)  # the separator may have changed just above
         kept: bytearray | None = None  # only built once an event is dropped
         start = 0
         while (end := data.find(separator, start)) >= 0:
@@ -251,13 +261,19 @@ class ProxyStreamResponse(Response):
         reply: UpstreamReply,
         sse: SSEFilter,
         *,
-        headers: dict[str, str],
+        request_id: str,
         absorb_cancel: Callable[[], bool],
         on_done: Callable[[Outcome], None],
     ) -> None:
-        super().__init__(status_code=reply.status, headers=headers, media_type="text/event-stream")
-        # Response adds content-length: 0 for its empty body; a stream has no length.
-        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        # Not Response.__init__: it would render an empty body and give the stream a content-length.
+        self.status_code = reply.status
+        self.background = None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),  # nginx and friends in front: do not buffer the stream
+            (b"x-request-id", request_id.encode("latin-1")),
+        ]
         self._reply = reply
         self._sse = sse
         self._absorb_cancel = absorb_cancel

@@ -10,7 +10,7 @@ import asyncio
 import hmac
 import json
 import logging
-import uuid
+import secrets
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
@@ -19,14 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.admission import AdmissionError, Permit
 from gateway.api.errors import error_response
-from gateway.api.validation import (
-    BadRequest,
-    ChatRequest,
-    CompletionRequest,
-    EmbeddingRequest,
-    parse_json_object,
-    validate,
-)
+from gateway.api.validation import BadRequest, ChatRequest, CompletionRequest, EmbeddingRequest, parse_body
 from gateway.control.window import Outcome
 from gateway.core import Gateway
 from gateway.measure import RequestTracker
@@ -49,15 +42,15 @@ EMBEDDINGS = Route("/v1/embeddings", EmbeddingRequest, False)
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _Forward(request, CHAT).run()
+    return await _Forward(request.scope, request.receive, CHAT).run()
 
 
 async def completions(request: Request) -> Response:
-    return await _Forward(request, COMPLETIONS).run()
+    return await _Forward(request.scope, request.receive, COMPLETIONS).run()
 
 
 async def embeddings(request: Request) -> Response:
-    return await _Forward(request, EMBEDDINGS).run()
+    return await _Forward(request.scope, request.receive, EMBEDDINGS).run()
 
 
 # Plain Starlette routes (FastAPI's dependency solving buys nothing for a handler that reads its own
@@ -90,30 +83,68 @@ class ProxiedRoutes:
         if route is None:
             await self.app(scope, receive, send)
             return
-        response = await _Forward(Request(scope, receive), route).run()
+        response = await _Forward(scope, receive, route).run()
         await response(scope, receive, send)
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
-    denied = check_auth(gateway, request)
+    denied = check_auth(gateway, request.headers.get("authorization"))
     if denied is not None:
         return denied
     return JSONResponse({"object": "list", "data": gateway.pool.all_models()})
 
 
-def check_auth(gateway: Gateway, request: Request) -> Response | None:
-    """401 unless the request carries one of the configured client keys (no keys: open)."""
+def check_auth(gateway: Gateway, authorization: str | None) -> Response | None:
+    """401 unless the ``Authorization`` header carries one of the configured client keys (no keys: open)."""
     keys = gateway.settings.api_keys
     if not keys:
         return None
-    header = request.headers.get("authorization", "")
+    header = authorization or ""
     token = header[7:].strip() if header[:7].lower() == "bearer " else ""
     if token and any(hmac.compare_digest(token, key) for key in keys):
         return None
     gateway.metrics.rejections.labels("unauthorized").inc()
     return error_response(401, "invalid or missing API key", code="invalid_api_key", reason="unauthorized")
+
+
+class _RequestHeaders:
+    """The few request headers the gateway reads, found in one pass over the raw ASGI list (which the
+    server gives lower-cased). Starlette's ``Headers`` decodes every header again on each lookup."""
+
+    __slots__ = ("authorization", "content_length", "request_id", "priority")
+
+    def __init__(self, raw: list[tuple[bytes, bytes]], priority_header: str) -> None:
+        self.authorization: str | None = None
+        self.content_length: str | None = None
+        self.request_id: str | None = None
+        self.priority: str | None = None
+        priority_name = priority_header.lower().encode("latin-1")
+        for name, value in raw:
+            if name == b"authorization":
+                self.authorization = value.decode("latin-1")
+            elif name == b"content-length":
+                self.content_length = value.decode("latin-1")
+            elif name == b"x-request-id":
+                self.request_id = value.decode("latin-1") or None
+            elif name == priority_name:
+                self.priority = value.decode("latin-1")
+
+
+def with_usage_requested(body: bytes, options: dict | None) -> bytes:
+    """The request body asking the upstream for ``stream_options.include_usage``.
+
+    The common case, a body without ``stream_options``, gets the field spliced in before its closing
+    brace, so every other byte goes upstream as the client sent it (and nothing is re-serialised);
+    a body that has the field is rewritten through ``json``.
+    """
+    if options is None and b'"stream_options"' not in body:
+        end = body.rindex(b"}")  # validated as a non-empty JSON object: its last brace closes it
+        return body[:end] + b',"stream_options":{"include_usage":true}' + body[end:]
+    data = json.loads(body)
+    data["stream_options"] = {**(options or {}), "include_usage": True}
+    return json.dumps(data).encode()
 
 
 class ClientGone(Exception):
@@ -128,15 +159,15 @@ class DisconnectWatch:
     (server shutdown) propagates unchanged.
     """
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, receive: Receive) -> None:
         self._task = asyncio.current_task()
-        self._watcher = asyncio.ensure_future(self._watch(request))
+        self._watcher = asyncio.ensure_future(self._watch(receive))
         self._watcher.add_done_callback(self._on_gone)
 
     @staticmethod
-    async def _watch(request: Request) -> None:
+    async def _watch(receive: Receive) -> None:
         # The body was read already, so the next ASGI message is the disconnect.
-        while (await request.receive())["type"] != "http.disconnect":
+        while (await receive())["type"] != "http.disconnect":
             pass
 
     def _on_gone(self, watcher: asyncio.Future) -> None:
@@ -170,16 +201,18 @@ class DisconnectWatch:
 class _Forward:
     """One proxied request. A class only to keep its many steps readable; it lives for one request."""
 
-    def __init__(self, request: Request, route: Route) -> None:
-        self.request = request
+    def __init__(self, scope: Scope, receive: Receive, route: Route) -> None:
+        self.receive = receive
         self.route = route
-        self.gateway: Gateway = request.app.state.gateway
-        self.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        self.gateway: Gateway = scope["app"].state.gateway
         self.tracker = RequestTracker(arrived=self.gateway.clock(), clock=self.gateway.clock)
+        self.headers = _RequestHeaders(scope["headers"], self.gateway.settings.priority_header)
+        self.request_id = self.headers.request_id or secrets.token_hex(16)
         self.permit: Permit | None = None  # the permit held right now, for the last-resort clean-up
 
     def _answer(self, response: Response) -> Response:
-        response.headers["x-request-id"] = self.request_id
+        if not isinstance(response, ProxyStreamResponse):  # a stream is built with it
+            response.headers["x-request-id"] = self.request_id
         metrics = self.gateway.metrics
         metrics.child(metrics.requests, self.route.path, str(response.status_code)).inc()
         return response
@@ -192,28 +225,38 @@ class _Forward:
 
     async def _read_body(self) -> bytes | None:
         limit = self.gateway.settings.max_body_bytes
-        declared = self.request.headers.get("content-length")
+        declared = self.headers.content_length
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return None
-        body = bytearray()
-        async for chunk in self.request.stream():
-            body += chunk
-            if len(body) > limit:
+        message = await self.receive()
+        body = message.get("body", b"")
+        if not message.get("more_body"):
+            return body if len(body) <= limit else None
+        buffer = bytearray(body)
+        while message.get("more_body"):
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            buffer += message.get("body", b"")
+            if len(buffer) > limit:
                 return None
-        return bytes(body)
+        return bytes(buffer)
 
     async def run(self) -> Response:
         gateway = self.gateway
-        denied = check_auth(gateway, self.request)
+        denied = check_auth(gateway, self.headers.authorization)
         if denied is not None:
             return self._answer(denied)
-        body = await self._read_body()
+        try:
+            body = await self._read_body()
+        except ClientGone:  # left while sending its body
+            gateway.metrics.rejections.labels("client_disconnected").inc()
+            return self._answer(Response(status_code=499))
         if body is None:
             return self._refuse(413, f"request body exceeds {gateway.settings.max_body_bytes} bytes",
                                 "body_too_large")
         try:
-            data = parse_json_object(body)
-            parsed = validate(self.route.schema, data)
+            parsed = parse_body(self.route.schema, body)
             priority = self._priority()
         except BadRequest as exc:
             return self._refuse(400, str(exc), "bad_request", code=exc.code or "invalid_request", param=exc.param)
@@ -225,13 +268,12 @@ class _Forward:
         stream = bool(getattr(parsed, "stream", False)) and self.route.streams
         forward_usage = True
         if stream:
-            options = data.get("stream_options") or {}
-            forward_usage = bool(options.get("include_usage"))
+            options = parsed.stream_options  # type: ignore[attr-defined]
+            forward_usage = bool(options and options.get("include_usage"))
             if not forward_usage:
                 # Ask for usage so token counts are always known; the usage chunk is dropped on the way back.
-                data["stream_options"] = {**options, "include_usage": True}
-                body = json.dumps(data).encode()
-        watch = DisconnectWatch(self.request)
+                body = with_usage_requested(body, options)
+        watch = DisconnectWatch(self.receive)
         handed_off = False
         try:
             permit = await self._admit(eligible, priority, watch)
@@ -254,7 +296,7 @@ class _Forward:
                 watch.stop()
 
     def _priority(self) -> int:
-        raw = self.request.headers.get(self.gateway.settings.priority_header)
+        raw = self.headers.priority
         if raw is None:
             return 0
         try:
@@ -284,7 +326,7 @@ class _Forward:
         """Forward with one failover to another upstream for failures before any byte; owns ``permit``
         until a streaming response takes it over."""
         gateway = self.gateway
-        headers = gateway.upstream_headers(self.request.headers.get("authorization"), self.request_id,
+        headers = gateway.upstream_headers(self.headers.authorization, self.request_id,
                                            stream=stream)
         self.tracker.streamed = stream
         tried: set[str] = set()
@@ -340,13 +382,13 @@ class _Forward:
 
     def _stream(self, permit: Permit, reply: UpstreamReply, forward_usage: bool, watch: DisconnectWatch) -> Response:
         sse = SSEFilter(self.tracker, self.gateway.clock, forward_usage=forward_usage)
-        headers = {"cache-control": "no-cache", "x-accel-buffering": "no", "x-request-id": self.request_id}
 
         def done(outcome: Outcome) -> None:
             watch.stop()
             self._release(permit, outcome)
 
-        return ProxyStreamResponse(reply, sse, headers=headers, absorb_cancel=watch.absorb, on_done=done)
+        return ProxyStreamResponse(reply, sse, request_id=self.request_id, absorb_cancel=watch.absorb,
+                                   on_done=done)
 
     async def _buffered(self, permit: Permit, reply: UpstreamReply, watch: DisconnectWatch) -> Response:
         try:

@@ -9,7 +9,6 @@ whenever the gateway does not need to change them.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
@@ -26,7 +25,8 @@ _Number = Union[StrictInt, StrictFloat]
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # Fields not named here are forwarded in the original bytes, never read: not kept.
+    model_config = ConfigDict(extra="ignore")
 
     model: StrictStr = Field(min_length=1)
     stream: StrictBool = False
@@ -48,28 +48,26 @@ class CompletionRequest(_Common):
 
 
 class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="ignore")
 
     model: StrictStr = Field(min_length=1)
     input: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
 
 
-def parse_json_object(body: bytes) -> dict[str, Any]:
+def parse_body(schema: type[BaseModel], body: bytes) -> BaseModel:
+    """The validated request, parsed from the raw body in one pass (pydantic's own JSON parser: no
+    intermediate dict, and several times cheaper than ``json.loads`` plus validation). Anything wrong
+    becomes a :class:`BadRequest` naming the first problem."""
     if not body.strip():
         raise BadRequest("request body is empty; expected a JSON object", code="invalid_json")
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object", code="invalid_json")
-    return data
-
-
-def validate(model: type[BaseModel], data: dict[str, Any]) -> BaseModel:
-    try:
-        return model.model_validate(data)
+        return schema.model_validate_json(body)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
+        loc = first["loc"]
+        if not loc and first["type"] == "json_invalid":
+            raise BadRequest(f"request body is not valid JSON: {first['ctx']['error']}", code="invalid_json") from None
+        if not loc and first["type"] == "model_type":
+            raise BadRequest("request body must be a JSON object", code="invalid_json") from None
+        param = ".".join(str(part) for part in loc) or None
         raise BadRequest(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None

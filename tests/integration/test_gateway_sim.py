@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -242,6 +243,26 @@ def test_client_gone_while_queued_never_reaches_the_upstream(processes) -> None:
     after = metric_value(f"{sim}/metrics", "vllm:prompt_tokens_total")
     assert after == before
     assert metric_value(f"{gw}/metrics", "sweetspot_rejections_total", {"reason": "client_disconnected"}) == 1
+
+
+def test_client_gone_while_sending_its_body_never_reaches_the_upstream(processes) -> None:
+    """A client that hangs up halfway through its body is counted (499, client_disconnected) and nothing is
+    sent upstream."""
+    sim = start_sim(processes, time_scale=10.0).url
+    gw = start_gateway(processes, [sim], "--no-control").url
+    host, port = gw.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 4000\r\n\r\n" + b'{"model": "m", "messages": [' + b" " * 500)
+        time.sleep(0.2)  # the gateway is reading the body now
+    labels = {"route": "/v1/chat/completions", "status": "499"}
+    deadline = time.monotonic() + 10
+    while metric_value(f"{gw}/metrics", "sweetspot_requests_total", labels) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric_value(f"{gw}/metrics", "sweetspot_requests_total", labels) == 1
+    assert metric_value(f"{gw}/metrics", "sweetspot_rejections_total", {"reason": "client_disconnected"}) == 1
+    assert not metric_value(f"{sim}/metrics", "vllm:prompt_tokens_total")
+    assert get_json(f"{gw}/state")["upstreams"][0]["inflight"] == 0
 
 
 def test_client_hangup_mid_stream_aborts_upstream_and_frees_the_permit(processes) -> None:
