@@ -1,4 +1,5 @@
-"""``create_app(settings)``: builds the gateway's parts and wires them into a FastAPI app.
+"""``create_app(settings)``: builds the gateway's parts and wires them into a FastAPI app;
+``create_server_app`` puts the proxied routes' fast path in front of it, which is what the server runs.
 
 No request logic lives here; the routes are in ``gateway.api``, the parts in ``gateway.core`` and the
 background loops in ``gateway.runtime``.
@@ -14,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.types import ASGIApp
 
 from gateway import __version__
 from gateway.api import openai as openai_routes
@@ -70,7 +72,6 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source
     app.state.supervisor = supervisor
     app.include_router(openai_routes.router)
     app.include_router(ops_routes.router)
-    app.add_middleware(openai_routes.ProxiedRoutes)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -88,3 +89,10 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source
         return error_response(400, str(exc), code="invalid_request")
 
     return app
+
+
+def create_server_app(settings: Settings) -> ASGIApp:
+    """What ``sweetspot serve`` runs: :func:`create_app` behind :class:`~gateway.api.openai.ProxiedRoutes`,
+    which serves the proxied POST routes ahead of FastAPI's layers."""
+    app = create_app(settings)
+    return openai_routes.ProxiedRoutes(app, app.state.gateway)

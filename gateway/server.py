@@ -9,14 +9,13 @@ from typing import Any
 from gateway.settings import load_settings
 
 
-
 def run(config: Path | None = None, **flags: Any) -> None:
-    from gateway.app import create_app
+    from gateway.app import create_server_app
     from gateway.serving import serve_app
 
     settings = load_settings(config, **flags)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
+    app = create_server_app(settings)
     serve_app(
         app, name="sweetspot gateway", host=settings.host, port=settings.port, log_level=settings.log_level,
         banner=lambda: f"upstreams: {', '.join(settings.upstreams)}",

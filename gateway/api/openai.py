@@ -42,15 +42,15 @@ EMBEDDINGS = Route("/v1/embeddings", EmbeddingRequest, False)
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _Forward(request.scope, request.receive, CHAT).run()
+    return await _Forward(request.app.state.gateway, request.scope, request.receive, CHAT).run()
 
 
 async def completions(request: Request) -> Response:
-    return await _Forward(request.scope, request.receive, COMPLETIONS).run()
+    return await _Forward(request.app.state.gateway, request.scope, request.receive, COMPLETIONS).run()
 
 
 async def embeddings(request: Request) -> Response:
-    return await _Forward(request.scope, request.receive, EMBEDDINGS).run()
+    return await _Forward(request.app.state.gateway, request.scope, request.receive, EMBEDDINGS).run()
 
 
 # Plain Starlette routes (FastAPI's dependency solving buys nothing for a handler that reads its own
@@ -65,25 +65,26 @@ PROXIED = {route.path: route for route in (CHAT, COMPLETIONS, EMBEDDINGS)}
 
 
 class ProxiedRoutes:
-    """ASGI middleware that serves the proxied POST routes itself, ahead of routing and the exception
-    middlewares; every other request goes on to the app.
+    """The ASGI app the server runs: serves the proxied POST routes itself and hands everything else
+    (other routes, wrong methods, the lifespan) to the FastAPI app.
 
-    Why: each layer between the server and the handler wraps ``send``, and a streamed reply pays every
-    wrapper once per chunk; served here, a chunk passes two wrappers fewer, and the request skips the
-    routing (``bench/overhead.py`` measures the whole streamed path; the README has the figures). It
-    loses nothing: :class:`_Forward` turns every exception into an OpenAI-shaped answer itself, and the
-    server-error middleware above this one still catches anything that escapes.
+    Why: every layer between the server and a handler costs each request a few calls and wraps ``send``
+    (a streamed reply pays every wrapper once per chunk), and FastAPI puts five of them there; the hot
+    routes skip all of them (``bench/overhead.py`` measures the whole path; the README has the figures).
+    Nothing is lost: :class:`_Forward` turns every exception into an OpenAI-shaped answer itself, and the
+    same routes are registered in the FastAPI app too, so served either way they behave the same.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
         self.app = app
+        self.gateway = gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = PROXIED.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
         if route is None:
             await self.app(scope, receive, send)
             return
-        response = await _Forward(scope, receive, route).run()
+        response = await _Forward(self.gateway, scope, receive, route).run()
         await response(scope, receive, send)
 
 
@@ -201,10 +202,10 @@ class DisconnectWatch:
 class _Forward:
     """One proxied request. A class only to keep its many steps readable; it lives for one request."""
 
-    def __init__(self, scope: Scope, receive: Receive, route: Route) -> None:
+    def __init__(self, gateway: Gateway, scope: Scope, receive: Receive, route: Route) -> None:
         self.receive = receive
         self.route = route
-        self.gateway: Gateway = scope["app"].state.gateway
+        self.gateway = gateway
         self.tracker = RequestTracker(arrived=self.gateway.clock(), clock=self.gateway.clock)
         self.headers = _RequestHeaders(scope["headers"], self.gateway.settings.priority_header)
         self.request_id = self.headers.request_id or secrets.token_hex(16)
