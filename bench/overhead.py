@@ -190,6 +190,14 @@ def raise_fd_limit(clients: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
+# The measured phases: load shape per phase (max_tokens None: --max-tokens).
+PHASES: dict[str, dict] = {
+    "latency_stream_c1": dict(concurrency=1, stream=True, max_tokens=8),
+    "latency_plain_c1": dict(concurrency=1, stream=False, max_tokens=1),
+    "plain_c32": dict(concurrency=32, stream=False, max_tokens=1),
+    "stream_c8": dict(concurrency=8, stream=True, max_tokens=None),
+}
+
 # The targets for the gateway, checked in the report.
 TARGETS = {
     "added_ttft_p50_ms": 1.5, "cpu_ms_per_request": 1.5, "rps_ratio": 0.6, "tokens_ratio": 0.9,
@@ -205,8 +213,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per streamed request")
     parser.add_argument("--clients", type=int, default=5000, help="connected clients for the memory phase")
     parser.add_argument("--no-peers", action="store_true", help="direct and gateway only (no nginx, no floor)")
+    parser.add_argument("--phases", default=",".join([*PHASES, "memory"]),
+                        help=f"comma-separated subset of {', '.join([*PHASES, 'memory'])} (default: all)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    args.phases = [name.strip() for name in args.phases.split(",") if name.strip()]
+    unknown = set(args.phases) - {*PHASES, "memory"}
+    if unknown:
+        parser.error(f"unknown phases: {', '.join(sorted(unknown))}")
     raise_fd_limit(args.clients)
 
     upstream_proc = None
@@ -235,16 +249,17 @@ def main() -> None:
         cleanup.append(proc.stop)
         proxies["gateway"] = (url, proc.pid)
         results = asyncio.run(bench(upstream, proxies, args))
-        memory_proc, memory_url = start(
-            gateway_cmd(upstream, "--no-control", "--initial-limit", "4", "--max-queue", "20000",
-                        "--queue-timeout-s", "600"),
-            LISTENING,
-        )
-        try:
-            results["memory"] = asyncio.run(
-                memory_under_queue(memory_url, results["model"], memory_proc.pid, args.clients))
-        finally:
-            memory_proc.stop()
+        if "memory" in args.phases:
+            memory_proc, memory_url = start(
+                gateway_cmd(upstream, "--no-control", "--initial-limit", "4", "--max-queue", "20000",
+                            "--queue-timeout-s", "600"),
+                LISTENING,
+            )
+            try:
+                results["memory"] = asyncio.run(
+                    memory_under_queue(memory_url, results["model"], memory_proc.pid, args.clients))
+            finally:
+                memory_proc.stop()
     finally:
         for step in reversed(cleanup):
             step()
@@ -270,12 +285,8 @@ def _nan_to_none(value: object) -> object:
 
 async def bench(upstream: str, proxies: dict[str, tuple[str, int]], args: argparse.Namespace) -> dict:
     model = await first_model(upstream)
-    phases = {
-        "latency_stream_c1": dict(concurrency=1, stream=True, max_tokens=8),
-        "latency_plain_c1": dict(concurrency=1, stream=False, max_tokens=1),
-        "plain_c32": dict(concurrency=32, stream=False, max_tokens=1),
-        "stream_c8": dict(concurrency=8, stream=True, max_tokens=args.max_tokens),
-    }
+    phases = {name: {**spec, "max_tokens": spec["max_tokens"] or args.max_tokens}
+              for name, spec in PHASES.items() if name in args.phases}
     out: dict = {"model": model, "upstream": upstream, "seconds": args.seconds, "rounds": args.rounds,
                  "proxies": list(proxies), "phases": {}}
     names = ["direct", *proxies]
@@ -350,6 +361,8 @@ def report(results: dict) -> None:
 
     def row(label: str, phase: str, key: str, unit: str, target: float | None = None, *,
             at_least: bool = False, direct_key: str | None = None) -> None:
+        if phase not in phases:  # not run (--phases)
+            return
         values = [phases[phase][p][key] for p in proxies]
         direct = f"{phases[phase][proxies[0]][direct_key]}" if direct_key else ""
         goal = ""

@@ -3,6 +3,9 @@
 The socket is bound before uvicorn starts, so ``port=0`` works: the kernel picks a free port and the
 announcement line (``<name> listening on http://HOST:PORT``) carries it. Tests, benchmarks and the
 demo start servers with ``--port 0`` and read the URL from that line.
+
+Every server here runs on :class:`NumericConnectLoop` (uvloop, without a resolver thread hop for
+numeric addresses) and freezes its start-up heap out of the garbage collector once it is ready.
 """
 
 from __future__ import annotations
