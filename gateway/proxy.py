@@ -161,10 +161,11 @@ class SSEFilter:
 
     def feed(self, data: bytes) -> bytes:
         """Bytes to send to the client for this read: every complete event, filtered."""
-        step = len(self._separator)
-        if (self._seen_token and not self._rest and data.endswith(self._separator)
-                and data.find(self._separator) == len(data) - step and data[-step - 1] == 0x7D and data.startswith(b"data:")
-                and b'"usage"' not in data and b'"error"' not in data):
+        separator = self._separator
+        step = len(separator)
+        if (self._seen_token and not self._rest and data.endswith(separator)
+                and data.find(separator) == len(data) - step and data[-step - 1] == 0x7D
+                and data.startswith(b"data:") and b'"usage"' not in data and b'"error"' not in data):
             # Once tokens flow, most reads are one whole token event: counted and passed on as they are.
             self._last_counted = data
             self._tracker.tokens(1, self._clock())

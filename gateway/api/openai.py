@@ -230,6 +230,8 @@ class _Forward:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return None
         message = await self.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
         body = message.get("body", b"")
         if not message.get("more_body"):
             return body if len(body) <= limit else None

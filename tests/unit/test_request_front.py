@@ -12,7 +12,8 @@ from gateway.api.validation import BadRequest, ChatRequest, CompletionRequest, p
 
 
 def test_usage_is_spliced_in_and_every_other_byte_kept() -> None:
-    body = '{ "model" : "m",\n  "messages": [{"role": "user", "content": "héllo \\u00e9"}], "stream": true }\n'.encode()
+    body = ('{ "model" : "m",\n  "messages": [{"role": "user", "content": "héllo \\u00e9"}], '
+            '"stream": true }\n').encode()
     out = with_usage_requested(body, None)
     end = body.rindex(b"}")
     assert out.startswith(body[:end])  # spacing, key order, raw UTF-8 and escapes as the client sent them
