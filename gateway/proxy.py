@@ -143,7 +143,9 @@ class SSEFilter:
     the upstream's usage corrects at the end (:meth:`RequestTracker.finish`); without usage, the last
     event is parsed when the stream ends to take it back. The first token, which decides TTFT, is always
     found by parsing. Tokens are credited once per read: events that arrive together share a timestamp.
-    A read whose events are all kept is passed on as the same bytes object, without copying.
+    A read whose events are all kept is passed on as the same bytes object, without copying; once tokens
+    flow, a read of whole events with nothing that may be usage or an error is not even split: its JSON
+    events are counted by how they end.
     """
 
     def __init__(self, tracker: RequestTracker, clock: Callable[[], float], *, forward_usage: bool) -> None:
@@ -155,27 +157,28 @@ class SSEFilter:
         self._framed = False  # the separator is settled once the first event is complete
         self._seen_token = False
         self._seen_usage = False
-        self._last_counted: bytes | None = None  # the last event counted without parsing
+        self._json_end = b"}\n\n"  # how a JSON event ends
+        self._last_counted: bytes | None = None  # the last read (or event) counted without parsing
         self._tokens = 0  # counted in the current read
         self.upstream_error: str | None = None
 
     def feed(self, data: bytes) -> bytes:
         """Bytes to send to the client for this read: every complete event, filtered."""
-        separator = self._separator
-        step = len(separator)
-        if (self._seen_token and not self._rest and data.endswith(separator)
-                and data.find(separator) == len(data) - step and data[-step - 1] == 0x7D
-                and data.startswith(b"data:") and b'"usage"' not in data and b'"error"' not in data):
-            # Once tokens flow, most reads are one whole token event: counted and passed on as they are.
-            self._last_counted = data
-            self._tracker.tokens(1, self._clock())
+        if (self._seen_token and not self._rest and data.endswith(self._separator)
+                and b'"usage"' not in data and b'"error"' not in data):
+            # Once tokens flow, most reads are whole token events and nothing to drop: each JSON event
+            # (one ending in "}") counts, and the read is passed on as it is.
+            count = data.count(self._json_end)
+            if count:
+                self._last_counted = data
+                self._tracker.tokens(count, self._clock())
             return data
         if self._rest:
             data, self._rest = self._rest + data, b""
         if not self._framed and b"\r\n" in data:
             self._separator = b"\r\n\r\n"  # the spec allows CRLF line ends; the servers seen use LF
         separator = self._separator
-        step = len(separator)  # the separator may have changed just above
+        step = len(separator)
         kept: bytearray | None = None  # only built once an event is dropped
         start = 0
         while (end := data.find(separator, start)) >= 0:
@@ -187,8 +190,9 @@ class SSEFilter:
             elif kept is None:
                 kept = bytearray(data[:start])
             start = stop
-        if start:
+        if start and not self._framed:
             self._framed = True
+            self._json_end = b"}" + separator
         if start < len(data):
             self._rest = data[start:]
         if self._tokens:
@@ -202,11 +206,19 @@ class SSEFilter:
         """Whatever is left when the stream ends (an unterminated last event); settles the token count."""
         if not self._seen_usage and self._last_counted is not None:
             # No usage came: take back the estimate for a last event that carried no token.
-            chunk = _parse(self._last_counted)
+            chunk = _parse(self._last_json_event(self._last_counted))
             if chunk is not None and not _has_token(chunk.get("choices") or []):
                 self._tracker.tokens(-1, self._clock())
         rest, self._rest = self._rest, b""
         return rest if rest.strip() else b""
+
+    def _last_json_event(self, counted: bytes) -> bytes:
+        """The last JSON event of a counted read (or the event itself)."""
+        end = counted.rfind(self._json_end)
+        if end < 0:
+            return counted
+        start = counted.rfind(self._separator, 0, end)
+        return counted[start + len(self._separator) if start >= 0 else 0:end + len(self._json_end)]
 
     def _keep(self, event: bytes, step: int) -> bool:
         if not event.startswith(b"data:"):

@@ -54,13 +54,16 @@ def tracker(clock: Clock) -> RequestTracker:
     return t
 
 
-def run(events: list[bytes], *, forward_usage: bool, bytewise: bool = False,
+def run(events: list[bytes], *, forward_usage: bool, bytewise: bool = False, together: int = 1,
         first_token_at: int | None = None) -> tuple[bytes, RequestTracker, SSEFilter, Clock]:
-    """Feed ``events`` one per read (or one byte per read), the clock moving one second per read."""
+    """Feed ``events`` ``together`` per read (or one byte per read), the clock moving one second per read."""
     clock = Clock()
     t = tracker(clock)
     sse = SSEFilter(t, clock, forward_usage=forward_usage)
-    reads = [bytes([b]) for b in b"".join(events)] if bytewise else events
+    if bytewise:
+        reads = [bytes([b]) for b in b"".join(events)]
+    else:
+        reads = [b"".join(events[i:i + together]) for i in range(0, len(events), together)]
     out = b""
     for data in reads:
         clock.now += 1.0
@@ -69,14 +72,14 @@ def run(events: list[bytes], *, forward_usage: bool, bytewise: bool = False,
     return out, t, sse, clock
 
 
-@pytest.mark.parametrize("bytewise", [False, True])
-def test_the_usage_chunk_is_dropped_unless_asked_for_and_the_usage_is_kept(bytewise: bool) -> None:
-    out, t, sse, _ = run(LLAMA_CHAT, forward_usage=False, bytewise=bytewise)
+@pytest.mark.parametrize(("bytewise", "together"), [(False, 1), (True, 1), (False, 2), (False, 3), (False, 7)])
+def test_the_usage_chunk_is_dropped_unless_asked_for_and_the_usage_is_kept(bytewise: bool, together: int) -> None:
+    out, t, sse, _ = run(LLAMA_CHAT, forward_usage=False, bytewise=bytewise, together=together)
     assert out == b"".join([ROLE, *TOKENS, FINISH, DONE])
     assert (t.prompt_tokens, t.output_tokens) == (18, 3)
     assert sse.upstream_error is None
 
-    out, t, _, _ = run(LLAMA_CHAT, forward_usage=True, bytewise=bytewise)
+    out, t, _, _ = run(LLAMA_CHAT, forward_usage=True, bytewise=bytewise, together=together)
     assert out == b"".join(LLAMA_CHAT)
     assert t.output_tokens == 3
 
@@ -86,10 +89,12 @@ def test_the_first_token_is_the_first_chunk_with_output_not_the_role_chunk() -> 
     assert t.first_token == 102.0  # read 1 carried the role, read 2 the first token
 
 
-def test_without_usage_the_streamed_count_is_the_chunks_that_carried_output() -> None:
+@pytest.mark.parametrize("together", [1, 2, 3, 6])
+def test_without_usage_the_streamed_count_is_the_chunks_that_carried_output(together: int) -> None:
     """An upstream that ignores ``stream_options`` sends no usage: the count from the stream must then be
-    exact, closing chunk (no output) excluded, and the sample records it."""
-    out, t, _, _ = run([ROLE, *TOKENS, FINISH, DONE], forward_usage=False)
+    exact, closing chunk (no output) excluded, and the sample records it. Events arriving several to a
+    read (the closing chunk with ``[DONE]``, say) are counted the same."""
+    out, t, _, _ = run([ROLE, *TOKENS, FINISH, DONE], forward_usage=False, together=together)
     assert out == b"".join([ROLE, *TOKENS, FINISH, DONE])
     assert t.output_tokens is None and t.streamed_tokens == 3
     sample = t.finish(Outcome.OK, GatewayMetrics())
@@ -151,6 +156,20 @@ def test_crlf_line_ends_and_comments_pass_through() -> None:
 def test_an_unterminated_last_event_is_flushed() -> None:
     out, _, _, _ = run([ROLE, TOKENS[0], b"data: [DONE]"], forward_usage=False)
     assert out.endswith(b"data: [DONE]")
+
+
+@pytest.mark.parametrize("together", [2, 3])
+def test_an_error_event_among_tokens_in_one_read_is_found(together: int) -> None:
+    events = [ROLE, TOKENS[0], TOKENS[1], event({"error": {"message": "slot died", "code": 500}}), DONE]
+    out, t, sse, _ = run(events, forward_usage=False, together=together)
+    assert out == b"".join(events)
+    assert sse.upstream_error == "slot died" and t.streamed_tokens == 2
+
+
+def test_tokens_arriving_together_are_credited_together() -> None:
+    _, t, _, _ = run([ROLE, *TOKENS, FINISH, DONE], forward_usage=False, together=2)
+    # reads: [role, one] [two, three] [finish, done]: the first token at read 1, the rest counted per read
+    assert t.first_token == 101.0 and t.streamed_tokens == 3
 
 
 def test_reads_with_nothing_dropped_are_passed_on_as_they_are() -> None:
