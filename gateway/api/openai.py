@@ -19,7 +19,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.admission import AdmissionError, Permit
 from gateway.api.errors import error_response
-from gateway.api.validation import BadRequest, ChatRequest, CompletionRequest, EmbeddingRequest, parse_body
+from gateway.api.inbound import ClientGone, DisconnectWatch, RequestHeaders, read_body
+from gateway.api.validation import (
+    BadRequest,
+    ChatRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    parse_body,
+    with_usage_requested,
+)
 from gateway.control.window import Outcome
 from gateway.core import Gateway
 from gateway.measure import RequestTracker
@@ -110,95 +118,6 @@ def check_auth(gateway: Gateway, authorization: str | None) -> Response | None:
     return error_response(401, "invalid or missing API key", code="invalid_api_key", reason="unauthorized")
 
 
-class _RequestHeaders:
-    """The few request headers the gateway reads, found in one pass over the raw ASGI list (which the
-    server gives lower-cased). Starlette's ``Headers`` decodes every header again on each lookup."""
-
-    __slots__ = ("authorization", "content_length", "request_id", "priority")
-
-    def __init__(self, raw: list[tuple[bytes, bytes]], priority_header: str) -> None:
-        self.authorization: str | None = None
-        self.content_length: str | None = None
-        self.request_id: str | None = None
-        self.priority: str | None = None
-        priority_name = priority_header.lower().encode("latin-1")
-        for name, value in raw:
-            if name == b"authorization":
-                self.authorization = value.decode("latin-1")
-            elif name == b"content-length":
-                self.content_length = value.decode("latin-1")
-            elif name == b"x-request-id":
-                self.request_id = value.decode("latin-1") or None
-            elif name == priority_name:
-                self.priority = value.decode("latin-1")
-
-
-def with_usage_requested(body: bytes, options: dict | None) -> bytes:
-    """The request body asking the upstream for ``stream_options.include_usage``.
-
-    The common case, a body without ``stream_options``, gets the field spliced in before its closing
-    brace, so every other byte goes upstream as the client sent it (and nothing is re-serialised);
-    a body that has the field is rewritten through ``json``.
-    """
-    if options is None and b'"stream_options"' not in body:
-        end = body.rindex(b"}")  # validated as a non-empty JSON object: its last brace closes it
-        return body[:end] + b',"stream_options":{"include_usage":true}' + body[end:]
-    data = json.loads(body)
-    data["stream_options"] = {**(options or {}), "include_usage": True}
-    return json.dumps(data).encode()
-
-
-class ClientGone(Exception):
-    """The client hung up while its request was queued or running."""
-
-
-class DisconnectWatch:
-    """Cancels the request's task when its client hangs up, so every await on the request path
-    (queue, upstream, stream) stops at once without racing each one against a watcher of its own.
-
-    :meth:`guard` turns that cancellation into :class:`ClientGone`; a cancellation from anywhere else
-    (server shutdown) propagates unchanged.
-    """
-
-    def __init__(self, receive: Receive) -> None:
-        self._task = asyncio.current_task()
-        self._watcher = asyncio.ensure_future(self._watch(receive))
-        self._watcher.add_done_callback(self._on_gone)
-
-    @staticmethod
-    async def _watch(receive: Receive) -> None:
-        # The body was read already, so the next ASGI message is the disconnect.
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    def _on_gone(self, watcher: asyncio.Future) -> None:
-        if not watcher.cancelled() and self._task is not None:
-            self._task.cancel()
-
-    @property
-    def gone(self) -> bool:
-        return self._watcher.done() and not self._watcher.cancelled()
-
-    def absorb(self) -> bool:
-        """In an ``except CancelledError``: True (and the cancellation undone) if the client left."""
-        if self.gone and self._task is not None:
-            self._task.uncancel()
-            return True
-        return False
-
-    async def guard(self, awaitable):  # type: ignore[no-untyped-def]
-        try:
-            return await awaitable
-        except asyncio.CancelledError:
-            if self.absorb():
-                raise ClientGone from None
-            raise
-
-    def stop(self) -> None:
-        self._watcher.remove_done_callback(self._on_gone)
-        self._watcher.cancel()
-
-
 class _Forward:
     """One proxied request. A class only to keep its many steps readable; it lives for one request."""
 
@@ -207,7 +126,7 @@ class _Forward:
         self.route = route
         self.gateway = gateway
         self.tracker = RequestTracker(arrived=self.gateway.clock(), clock=self.gateway.clock)
-        self.headers = _RequestHeaders(scope["headers"], self.gateway.settings.priority_header)
+        self.headers = RequestHeaders(scope["headers"], self.gateway.settings.priority_header)
         self.request_id = self.headers.request_id or secrets.token_hex(16)
         self.permit: Permit | None = None  # the permit held right now, for the last-resort clean-up
 
@@ -224,34 +143,14 @@ class _Forward:
         return self._answer(error_response(status, message, code=code or reason, param=param, reason=reason,
                                            retry_after_s=retry_after_s))
 
-    async def _read_body(self) -> bytes | None:
-        limit = self.gateway.settings.max_body_bytes
-        declared = self.headers.content_length
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return None
-        message = await self.receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        body = message.get("body", b"")
-        if not message.get("more_body"):
-            return body if len(body) <= limit else None
-        buffer = bytearray(body)
-        while message.get("more_body"):
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                raise ClientGone
-            buffer += message.get("body", b"")
-            if len(buffer) > limit:
-                return None
-        return bytes(buffer)
-
     async def run(self) -> Response:
         gateway = self.gateway
         denied = check_auth(gateway, self.headers.authorization)
         if denied is not None:
             return self._answer(denied)
         try:
-            body = await self._read_body()
+            body = await read_body(self.receive, limit=gateway.settings.max_body_bytes,
+                                   declared_length=self.headers.content_length)
         except ClientGone:  # left while sending its body
             gateway.metrics.rejections.labels("client_disconnected").inc()
             return self._answer(Response(status_code=499))

@@ -1,4 +1,4 @@
-"""Request-body checks for the OpenAI routes.
+"""Request bodies of the OpenAI routes: their checks, and the one change the gateway makes to them.
 
 The gateway validates only what it must understand (the model, the prompt, streaming and token
 limits) and the types of common fields, so a mistyped request fails here with a clear 400 instead of
@@ -9,6 +9,7 @@ whenever the gateway does not need to change them.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
@@ -71,3 +72,18 @@ def parse_body(schema: type[BaseModel], body: bytes) -> BaseModel:
             raise BadRequest("request body must be a JSON object", code="invalid_json") from None
         param = ".".join(str(part) for part in loc) or None
         raise BadRequest(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
+
+
+def with_usage_requested(body: bytes, options: dict | None) -> bytes:
+    """The request body asking the upstream for ``stream_options.include_usage``.
+
+    The common case, a body without ``stream_options``, gets the field spliced in before its closing
+    brace, so every other byte goes upstream as the client sent it (and nothing is re-serialised);
+    a body that has the field is rewritten through ``json``.
+    """
+    if options is None and b'"stream_options"' not in body:
+        end = body.rindex(b"}")  # validated as a non-empty JSON object: its last brace closes it
+        return body[:end] + b',"stream_options":{"include_usage":true}' + body[end:]
+    data = json.loads(body)
+    data["stream_options"] = {**(options or {}), "include_usage": True}
+    return json.dumps(data).encode()

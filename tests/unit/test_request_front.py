@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from gateway.api.openai import _RequestHeaders, with_usage_requested
-from gateway.api.validation import BadRequest, ChatRequest, CompletionRequest, parse_body
+from gateway.api.inbound import RequestHeaders
+from gateway.api.validation import BadRequest, ChatRequest, CompletionRequest, parse_body, with_usage_requested
 
 
 def test_usage_is_spliced_in_and_every_other_byte_kept() -> None:
@@ -45,10 +45,10 @@ def test_the_key_inside_a_string_is_not_mistaken_for_the_field() -> None:
 def test_request_headers_are_read_in_one_pass() -> None:
     raw = [(b"host", b"x"), (b"content-length", b"42"), (b"authorization", b"Bearer k"),
            (b"x-request-id", b"abc"), (b"x-priority", b"5")]
-    headers = _RequestHeaders(raw, "X-Priority")
+    headers = RequestHeaders(raw, "X-Priority")
     assert (headers.authorization, headers.content_length, headers.request_id, headers.priority) == (
         "Bearer k", "42", "abc", "5")
-    empty = _RequestHeaders([(b"x-request-id", b"")], "x-priority")
+    empty = RequestHeaders([(b"x-request-id", b"")], "x-priority")
     assert empty.request_id is None and empty.authorization is None and empty.priority is None
 
 
