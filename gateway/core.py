@@ -52,18 +52,22 @@ class Gateway:
             metrics.upstream_healthy.labels(upstream.name).set(1)
         return cls(settings, pool, queue, client, metrics, clock)
 
-    def upstream_headers(self, authorization: str | None, request_id: str, *, stream: bool) -> dict[str, str]:
+    def upstream_headers(self, authorization: str | None, request_id: str, *, stream: bool,
+                         keep_alive: bool = False) -> dict[str, str]:
         """Headers for an upstream request: the configured upstream key replaces the client's.
 
-        A streamed request asks for its connection to be closed afterwards: llama-server closes it anyway
-        while announcing keep-alive, and such connections, pooled, pile up dead; under many concurrent
-        streams a request could draw one on each of its resends and fail (1-5 in 800 at 32 streams).
-        Asked in the request, the server says ``Connection: close`` in its reply and the client never pools
-        the connection, however fast the stream ends. A stream outweighs a new connection by far."""
+        A streamed request asks for its connection to be closed afterwards unless the upstream is known to
+        keep it usable (``keep_alive``: :attr:`Upstream.streams_keep_alive`, vLLM). llama-server closes it
+        anyway while announcing keep-alive, and such connections, pooled, pile up dead; under many
+        concurrent streams a request could draw one on each of its resends and fail (1-5 in 800 at 32
+        streams). Asked in the request, the server says ``Connection: close`` in its reply and the client
+        never pools the connection, however fast the stream ends. vLLM's Python front end, on the other
+        hand, pays for every connection it accepts, and its kept connections behave."""
         headers = {"content-type": "application/json", "x-request-id": request_id}
         if stream:
             headers["accept"] = "text/event-stream"
-            headers["connection"] = "close"
+            if not keep_alive:
+                headers["connection"] = "close"
         if self.settings.upstream_api_key:
             headers["authorization"] = f"Bearer {self.settings.upstream_api_key}"
         elif authorization:

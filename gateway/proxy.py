@@ -67,7 +67,9 @@ class UpstreamClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
+            # Idle connections are dropped before the servers' own 5 s (uvicorn's under vLLM, cpp-httplib's
+            # under llama-server) would close them under a request being written.
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4, enable_cleanup_closed=True)
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 # One session serves every client: an upstream's cookies must not reach the next client.

@@ -102,6 +102,7 @@ class Supervisor:
     async def scrape(self) -> None:
         async def one(name: str, scraper: BackendScraper) -> None:
             snapshot = await scraper.scrape()
+            self.gateway.pool.by_name[name].streams_keep_alive = scraper.kind == "vllm"
             if snapshot.error is not None:
                 self.gateway.metrics.backend_scrape_errors.labels(name).inc()
 

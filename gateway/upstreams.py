@@ -42,6 +42,9 @@ class Upstream:
     health_error: str | None = None
     last_health_check: float | None = None
     silent_probes: int = 0  # health polls in a row that got no answer
+    # Streams may stay on pooled connections: set once the backend is known to keep a connection usable
+    # after a streamed reply (vLLM). Until then, and for llama-server, streams ask for "Connection: close".
+    streams_keep_alive: bool = False
 
     @property
     def name(self) -> str:

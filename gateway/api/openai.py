@@ -228,12 +228,12 @@ class _Forward:
         """Forward with one failover to another upstream for failures before any byte; owns ``permit``
         until a streaming response takes it over."""
         gateway = self.gateway
-        headers = gateway.upstream_headers(self.headers.authorization, self.request_id,
-                                           stream=stream)
         self.tracker.streamed = stream
         tried: set[str] = set()
         while True:
             upstream = gateway.pool.by_name[permit.limiter.name]
+            headers = gateway.upstream_headers(self.headers.authorization, self.request_id, stream=stream,
+                                               keep_alive=upstream.streams_keep_alive)
             if not tried:
                 gateway.metrics.overhead.observe(
                     max(gateway.clock() - self.tracker.arrived - self.tracker.queue_wait, 0.0))

@@ -50,6 +50,7 @@ async def state(request: Request) -> Response:
             "models": [m.get("id") for m in upstream.models] if upstream.models is not None else None,
             "limit": limiter.limit,
             "inflight": limiter.inflight,
+            "streams_keep_alive": upstream.streams_keep_alive,
             "window": upstream.window.stats(now).as_dict(),
         }
         controller = gateway.controllers.get(upstream.name)

@@ -316,6 +316,8 @@ async def test_many_concurrent_streams_on_a_fast_server_lose_nothing(processes) 
         await asyncio.gather(*(client(session, 25) for _ in range(32)))
     assert done == 800 and not failures, failures[:3]
     assert outcomes(gateway, upstream, "upstream_error") == 0
+    state = json.loads(urllib.request.urlopen(f"{gateway}/state", timeout=10).read())["upstreams"][0]
+    assert state["backend"]["kind"] == "llamacpp" and not state["streams_keep_alive"]  # scraped, still closing
 
 
 # --- outages: a server killed mid-stream, a server still loading ------------------------------------------------------

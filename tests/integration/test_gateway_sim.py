@@ -138,6 +138,20 @@ def test_streaming_is_not_buffered(sim, gateway) -> None:
     assert first is not None and (first - started) < total / 3
 
 
+def test_streams_keep_their_connection_once_the_backend_is_recognised_as_vllm(gateway, sim) -> None:
+    """The simulator shows vLLM's metrics: after a scrape the gateway stops asking it to close streams'
+    connections, and streams on kept connections arrive whole, one after another."""
+    deadline = time.monotonic() + 15
+    while not get_json(f"{gateway}/state")["upstreams"][0]["streams_keep_alive"]:
+        assert time.monotonic() < deadline, "the sim was not recognised as vLLM within 15 s"
+        time.sleep(0.1)
+    model = model_of(sim)
+    for _ in range(5):
+        chunks = client(gateway).chat.completions.create(model=model, messages=CHAT, max_tokens=8, stream=True,
+                                                         extra_body={"ignore_eos": True})
+        assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) == 8
+
+
 def test_metrics_count_requests_tokens_and_latency(gateway, sim) -> None:
     model = model_of(sim)
     client(gateway).chat.completions.create(model=model, messages=CHAT, max_tokens=5, stream=True,
