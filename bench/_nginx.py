@@ -8,14 +8,13 @@ with a note otherwise. One process (``master_process off``), so its CPU time is 
 from __future__ import annotations
 
 import shutil
-import socket
 import sys
 import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gateway.testing.processes import RunningProcess, start_process  # noqa: E402
+from gateway.testing.processes import RunningProcess, free_port, start_process  # noqa: E402
 
 CONFIG = """\
 worker_processes 1;
@@ -59,12 +58,6 @@ http {{
     }}
 }}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_nginx(upstream: str) -> tuple[RunningProcess, str, tempfile.TemporaryDirectory] | None:

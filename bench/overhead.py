@@ -200,8 +200,9 @@ PHASES: dict[str, dict] = {
     "stream_c8": dict(concurrency=8, stream=True, max_tokens=None),
 }
 
-# Proxies that cannot tell where a streamed reply ends, so their clients close those connections.
-HTTP_BLIND = {"pump"}
+# Whose clients close streamed connections: the direct client's (llama-server closes them anyway, see
+# ``post``) and the pump's (it cannot tell where a streamed reply ends).
+CLOSE_STREAMS = {"direct", "pump"}
 
 # The targets for the gateway, checked in the report.
 TARGETS = {
@@ -303,13 +304,9 @@ async def bench(upstream: str, proxies: dict[str, tuple[str, int]], args: argpar
         for round_index in range(args.rounds):
             shift = round_index % len(names)
             for target in names[shift:] + names[:shift]:
-                if target == "direct":
-                    runs[target].append(await load(upstream, model, seconds=args.seconds, pid=None,
-                                                   close_streams=True, **spec))
-                else:
-                    url, pid = proxies[target]
-                    runs[target].append(await load(url, model, seconds=args.seconds, pid=pid,
-                                                   close_streams=target in HTTP_BLIND, **spec))
+                url, pid = (upstream, None) if target == "direct" else proxies[target]
+                runs[target].append(await load(url, model, seconds=args.seconds, pid=pid,
+                                               close_streams=target in CLOSE_STREAMS, **spec))
         out["phases"][name] = {proxy: summarise(runs["direct"], runs[proxy]) for proxy in proxies}
         console.print(f"[dim]{name}: {out['phases'][name]}[/dim]")
     return out

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -191,6 +192,14 @@ def start_process(
         proc.stop()
         raise
     return proc
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago, for the few servers that must be told their port rather
+    than print the one the kernel picked (nginx, a server restarted on the same address)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def sweetspot(*args: str) -> list[str]:

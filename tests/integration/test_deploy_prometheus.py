@@ -23,7 +23,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -39,7 +38,7 @@ import openai
 import pytest
 import yaml
 
-from gateway.testing.processes import LISTENING, RunningProcess, sweetspot, start_process
+from gateway.testing.processes import LISTENING, RunningProcess, free_port, start_process, sweetspot
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(300)]
 
@@ -61,12 +60,6 @@ def tool(name: str) -> str:
         pytest.fail(f"`{name}` is not on PATH: run `make prometheus` (scripts/install-prometheus.sh installs "
                     f"Debian's prometheus package); these tests need a real Prometheus.")
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -6,7 +6,6 @@ test fails with the command to run, it never skips. The model is generated on fi
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 
 from gateway.testing.llama_server import LlamaServerConfig, LlamaServerNotFound, find_binary
 from gateway.testing.tiny_gguf import TinyModelSpec, ensure_model
-from gateway.testing.processes import LISTENING, RunningProcess
+from gateway.testing.processes import LISTENING, RunningProcess, free_port
 
 Start = Callable[..., RunningProcess]
 
@@ -30,13 +29,6 @@ def llama_binary() -> Path:
     except LlamaServerNotFound as exc:
         why = str(exc)
     pytest.fail(why, pytrace=False)  # outside the except block: the report shows the reason alone
-
-
-def free_port() -> int:
-    """A port that was free a moment ago (for the few tests that must know it before the process prints it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def llama_config(port: int = 0, **overrides: Any) -> LlamaServerConfig:

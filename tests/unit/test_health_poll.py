@@ -17,6 +17,7 @@ from aiohttp import web
 from gateway.admission import Limiter
 from gateway.control.window import SlidingWindow
 from gateway.upstreams import SILENT_PROBES_TO_DOWN, Upstream, check_health
+from tests.support.loopback import serving
 
 TIMEOUT_S = 0.3
 
@@ -51,13 +52,8 @@ async def server() -> AsyncIterator[tuple[Script, str]]:
     app = web.Application()
     app.router.add_get("/health", script.health)
     app.router.add_get("/v1/models", script.models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield script, f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    async with serving(app) as url:
+        yield script, url
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from aiohttp import web
 from gateway.bench.client import RequestRecord, StreamClient, Target
 from gateway.bench.loadgen import ClosedLoopPool, PoissonLoad
 from gateway.bench.workload import RequestFactory, Workload, parse_length
+from tests.support.loopback import serving
 
 STEP_S = 0.01
 
@@ -62,15 +63,8 @@ async def server() -> AsyncIterator[str]:
     app.router.add_post("/v1/chat/completions", _completions)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/v1/models", _models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield url
 
 
 async def _send(url: str, mode: str, api: str = "chat", tokens: int = 6) -> RequestRecord:

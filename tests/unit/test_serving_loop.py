@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from gateway.serving import NumericConnectLoop, _is_numeric, settle_garbage_collector
+from tests.support.loopback import serving
 
 
 class CountingLoop(NumericConnectLoop):
@@ -107,17 +108,11 @@ def test_aiohttp_requests_run_on_the_loop() -> None:
             return web.Response(text="ok")
 
         app.router.add_get("/", ok)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
         texts = []
-        async with aiohttp.ClientSession() as session:
+        async with serving(app) as url, aiohttp.ClientSession() as session:
             for _ in range(3):
-                async with session.get(f"http://127.0.0.1:{port}/", headers={"Connection": "close"}) as reply:
+                async with session.get(f"{url}/", headers={"Connection": "close"}) as reply:
                     texts.append(await reply.text())
-        await runner.cleanup()
         return texts
 
     assert run(fetch) == ["ok", "ok", "ok"]

@@ -15,6 +15,7 @@ from aiohttp import web
 from gateway.core import Gateway
 from gateway.settings import Settings
 from gateway.supervisor import Supervisor
+from tests.support.loopback import serving
 
 EVENTS = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', b"data: [DONE]\n\n"]
 
@@ -48,13 +49,8 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Rec
     app = web.Application()
     app.router.add_post("/v1/chat/completions", recorder.stream)
     app.router.add_get("/metrics", recorder.metrics_page)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield request.param, recorder, f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    async with serving(app) as url:
+        yield request.param, recorder, url
 
 
 async def stream_once(gateway: Gateway, url: str) -> bytes:
