@@ -1,9 +1,10 @@
 # syntax=docker/dockerfile:1
 # sweetspot gateway image: `docker build -t sweetspot:local .`
 #
-# Two stages: `build` installs the package and its dependencies into a virtualenv; `runtime` copies only
-# that virtualenv onto a fresh slim Python, so no build tools, source tree or pip caches ship. Every
-# dependency has a binary wheel for this platform, so nothing is compiled.
+# Two stages: `build` installs the serve path into a virtualenv (first the pinned, hash-checked dependencies of
+# requirements.lock in a layer of their own, then the package without dependencies); `runtime` copies only
+# that virtualenv onto a fresh slim Python, so no build tools, source tree, pip or setuptools ship. The tools
+# (sim, sweep, plan, demo) need extras the image leaves out. Every dependency has a binary wheel here.
 # Settings come from SWEETSPOT_* environment variables only (see gateway/settings.py and .env.example).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -15,10 +16,15 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 # The virtualenv lives at the same path in both stages: its scripts carry absolute shebangs.
 RUN python -m venv /opt/sweetspot
+COPY requirements.lock ./
+RUN /opt/sweetspot/bin/pip install --no-cache-dir --require-hashes -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
-RUN /opt/sweetspot/bin/pip install --no-cache-dir . \
-    && /opt/sweetspot/bin/pip uninstall --yes pip
+# EXTRAS: the tools an image carries beside the gateway (compose's `sim` profile builds one with "sim").
+ARG EXTRAS=""
+RUN /opt/sweetspot/bin/pip install --no-cache-dir --no-deps . \
+    && if [ -n "${EXTRAS}" ]; then /opt/sweetspot/bin/pip install --no-cache-dir ".[${EXTRAS}]"; fi \
+    && /opt/sweetspot/bin/pip uninstall --yes pip setuptools
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="sweetspot" \
@@ -32,7 +38,6 @@ COPY --from=build /opt/sweetspot /opt/sweetspot
 ENV PATH="/opt/sweetspot/bin:${PATH}" \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    MPLCONFIGDIR=/tmp/matplotlib \
     SWEETSPOT_HOST=0.0.0.0 \
     SWEETSPOT_PORT=8080
 USER 10001:10001

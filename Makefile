@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # Where built tools are cached between runs (outside the work tree, keyed by version inside).
 export SWEETSPOT_CACHE_DIR ?= $(HOME)/.cache/sweetspot
 
-.PHONY: demo test venv llama-server prometheus bench clean
+.PHONY: demo test venv llama-server prometheus bench lock clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "sweetspot needs Python 3.11+, found " + sys.version' 
@@ -29,10 +29,17 @@ prometheus:
 	bash scripts/install-prometheus.sh
 
 test: $(STAMP) llama-server prometheus
+	$(PY) -m mypy
 	$(PY) -m pytest
 
 bench: $(STAMP) llama-server
-	$(PY) bench/overhead.py
+	$(PY) -m bench.overhead
+
+# Re-pin what the Docker image installs (the base dependencies, with hashes) after changing pyproject.toml.
+lock:
+	python3 -m venv /tmp/sweetspot-lock && /tmp/sweetspot-lock/bin/pip install --quiet pip-tools
+	/tmp/sweetspot-lock/bin/pip-compile --quiet --generate-hashes --strip-extras --no-emit-index-url \
+	    --no-emit-find-links --output-file requirements.lock pyproject.toml
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -8,13 +8,11 @@ with a note otherwise. One process (``master_process off``), so its CPU time is 
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gateway.testing.processes import RunningProcess, free_port, start_process  # noqa: E402
+from gateway.demo.processes import RunningProcess, free_port, start_process
 
 CONFIG = """\
 worker_processes 1;

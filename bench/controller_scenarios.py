@@ -2,12 +2,12 @@
 
 Each scenario runs the AIMD controller against the simulator's engine on virtual time, and each phase is
 compared with the best static limit, found by simulating every static limit under the same conditions
-(see gateway/control/scenarios.py for the scenarios and their checks, which the tests in
+(see tests/support/scenarios/catalogue.py for the scenarios and their checks, which the tests in
 tests/scenarios assert).
 
-    .venv/bin/python bench/controller_scenarios.py                       # all scenarios, a table
-    .venv/bin/python bench/controller_scenarios.py tight_kv error_storm  # some
-    .venv/bin/python bench/controller_scenarios.py --docs docs/controller.md --json out/scenarios.json \\
+    .venv/bin/python -m bench.controller_scenarios                       # all scenarios, a table
+    .venv/bin/python -m bench.controller_scenarios tight_kv error_storm  # some
+    .venv/bin/python -m bench.controller_scenarios --docs docs/controller.md --json out/scenarios.json \\
         --plot out/scenarios                                             # what the docs show
 
 ``--docs`` rewrites the table between the ``<!-- scenarios:begin -->`` and ``<!-- scenarios:end -->``
@@ -26,10 +26,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.control.config import AimdConfig  # noqa: E402
-from gateway.control.scenarios import SCENARIOS, PhaseResult, by_name, run  # noqa: E402
+from gateway.control.config import AimdConfig
+from tests.support.scenarios.catalogue import SCENARIOS, PhaseResult, by_name, run
 
 BEGIN, END = "<!-- scenarios:begin -->", "<!-- scenarios:end -->"
 HEADER = ("scenario", "phase", "oracle sweet spot (+-20%)", "best static", "settled at", "converged after",
@@ -124,7 +123,7 @@ def main() -> None:
     failed = sum(not r.ok for r in results)
     console.print(f"{len(results) - failed}/{len(results)} phases pass; {time.process_time() - started:.1f} s of CPU")
     if args.docs is not None:
-        command = "python " + " ".join(["bench/controller_scenarios.py", *sys.argv[1:]])
+        command = "python " + " ".join(["-m", "bench.controller_scenarios", *sys.argv[1:]])
         update_docs(args.docs, markdown(rows), command)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

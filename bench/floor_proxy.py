@@ -6,7 +6,7 @@ measurement, metrics or FastAPI).
 difference between the two, and what the stack itself costs on the machine is on the record. Not a
 product: it forwards POST bodies and streams answers back, nothing else.
 
-    python bench/floor_proxy.py UPSTREAM_URL      # prints "floor listening on http://127.0.0.1:PORT"
+    python -m bench.floor_proxy UPSTREAM_URL      # prints "floor listening on http://127.0.0.1:PORT"
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from pathlib import Path
 import aiohttp
 from starlette.types import Receive, Scope, Send
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gateway.serving import serve_app  # noqa: E402  (the gateway's own uvicorn settings)
+from gateway.server.serving import serve_app  # (the gateway's own uvicorn settings)
 
 
 class FloorProxy:

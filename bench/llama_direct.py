@@ -5,8 +5,8 @@ level runs that many closed-loop streaming clients (aiohttp, ``ignore_eos``, fix
 fixed time and counts the tokens that arrived inside the measured window (the tiny model streams exactly
 one chunk per token). TTFT and TPOT are per finished request.
 
-    .venv/bin/python bench/llama_direct.py                          # 8 slots, levels 1 4 8 16
-    .venv/bin/python bench/llama_direct.py --slots 4 --levels 1 2 4 8 --duration 20 --json out/direct.json
+    .venv/bin/python -m bench.llama_direct                          # 8 slots, levels 1 4 8 16
+    .venv/bin/python -m bench.llama_direct --slots 4 --levels 1 2 4 8 --duration 20 --json out/direct.json
 
 The machine is shared and has 2 cores: numbers move with whatever else runs; the load average before
 and after each level is printed next to it.
@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,10 +27,9 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gateway.testing.llama_process import start_server  # noqa: E402
-from gateway.testing.llama_server import LlamaServerConfig  # noqa: E402
-from gateway.testing.tiny_gguf import TinyModelSpec, ensure_model  # noqa: E402
+from tests.support.llama_process import start_server
+from tests.support.llama_server import LlamaServerConfig
+from tests.support.tiny_gguf import TinyModelSpec, ensure_model
 
 
 @dataclass

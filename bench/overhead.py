@@ -1,8 +1,8 @@
 """What the gateway costs: the same load direct, through nginx, through the bare stack and through the
 gateway, interleaved in one run.
 
-    .venv/bin/python bench/overhead.py                     # real llama-server, near-free model
-    .venv/bin/python bench/overhead.py --upstream URL      # any OpenAI-compatible server
+    .venv/bin/python -m bench.overhead                     # real llama-server, near-free model
+    .venv/bin/python -m bench.overhead --upstream URL      # any OpenAI-compatible server
 
 Configurations, each in front of the same upstream:
   * direct: the load generator talks to the upstream itself;
@@ -39,13 +39,12 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _nginx import start_nginx  # noqa: E402
-from _procs import ROOT, cpu_seconds, gateway_cmd, rss_mb, start  # noqa: E402
+from bench._nginx import start_nginx
+from bench._procs import ROOT, cpu_seconds, gateway_cmd, rss_mb, start
 
-from gateway.proxy import STALE_RETRIES  # noqa: E402
-from gateway.resend import resend_if_stale  # noqa: E402
-from gateway.testing.processes import LISTENING, RunningProcess  # noqa: E402
+from gateway.server.upstream_client import STALE_RETRIES
+from gateway.server.resend import resend_if_stale
+from gateway.demo.processes import LISTENING, RunningProcess
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 
@@ -169,7 +168,7 @@ async def first_model(url: str) -> str:
 
 
 def start_llama() -> tuple[RunningProcess, str]:
-    from gateway.testing.llama_process import start_near_free_server
+    from tests.support.llama_process import start_near_free_server
 
     # Direct clients, nginx's, the floor's and the gateway's pools all keep connections to this one server, each
     # holding one of its HTTP threads while idle: with the default (slots + 2) the next configuration's

@@ -9,7 +9,7 @@ nginx, the bare stack (``floor_proxy.py``) and the gateway to show what is Pytho
 Not a proxy to use: it cannot see where one request ends, so it relies on the client closing streamed
 connections (the benchmark sends ``Connection: close`` on them, as its direct client does).
 
-    python bench/pump_floor.py UPSTREAM_URL      # prints "pump listening on http://127.0.0.1:PORT"
+    python -m bench.pump_floor UPSTREAM_URL      # prints "pump listening on http://127.0.0.1:PORT"
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import cast
 from urllib.parse import urlsplit
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gateway.serving import NumericConnectLoop  # noqa: E402  (the gateway's own loop)
+from gateway.server.serving import NumericConnectLoop  # (the gateway's own loop)
 
 
 class _Side(asyncio.Protocol):

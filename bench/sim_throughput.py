@@ -5,8 +5,8 @@ streaming clients (aiohttp, one SSE event per token, as vLLM streams), and compa
 chunks per second it actually delivered with what the pure model predicts for the same load.
 It also reports the CPU the server process used (from /proc), i.e. the headroom left.
 
-    .venv/bin/python bench/sim_throughput.py                 # default profile, 48 clients, 512+512
-    .venv/bin/python bench/sim_throughput.py --concurrency 32 64 --duration 30 --json out/sim.json
+    .venv/bin/python -m bench.sim_throughput                 # default profile, 48 clients, 512+512
+    .venv/bin/python -m bench.sim_throughput --concurrency 32 64 --duration 30 --json out/sim.json
 
 Output: a table (rich) and, with --json, the same numbers as JSON.
 """

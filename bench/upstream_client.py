@@ -1,7 +1,7 @@
 """Which HTTP client should the gateway use upstream? CPU per request and per streamed chunk, measured.
 
-    .venv/bin/python bench/upstream_client.py                    # against a llama-server it starts
-    .venv/bin/python bench/upstream_client.py --upstream URL     # or any OpenAI-compatible server
+    .venv/bin/python -m bench.upstream_client                    # against a llama-server it starts
+    .venv/bin/python -m bench.upstream_client --upstream URL     # or any OpenAI-compatible server
 
 Runs the same requests with aiohttp (one pooled session) and httpx (AsyncClient, pooled), in one
 process, interleaved, and reports the client process's CPU seconds per non-streamed request and per
@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -23,10 +22,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gateway.proxy import STALE_RETRIES  # noqa: E402
-from gateway.resend import resend_if_stale  # noqa: E402
+from gateway.server.upstream_client import STALE_RETRIES
+from gateway.server.resend import resend_if_stale
 
 console = Console()
 CONCURRENCY = 16
@@ -109,7 +106,7 @@ def main() -> None:
     if args.upstream:
         url = args.upstream.rstrip("/")
     else:
-        from gateway.testing.llama_process import start_near_free_server
+        from tests.support.llama_process import start_near_free_server
 
         server, url = start_near_free_server(parallel=CONCURRENCY)
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.testing.processes import process_factory
+from gateway.demo.processes import process_factory
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The ``sweetspot`` command. Each sub-command lives in its own module and only handles arguments;
-the work is done by the package it calls into (``gateway.app``, ``gateway.sim``, ``gateway.bench``,
+the work is done by the package it calls into (``gateway.server.app``, ``gateway.sim``, ``gateway.sweep``,
 ``gateway.plan``)."""
 
 from __future__ import annotations
@@ -30,6 +30,17 @@ def _register() -> None:
         importlib.import_module(f"{__name__}.{module.name}")
 
 
+#: Packages only the tools need (the ``sim``, ``sweep``, ``plan`` and ``demo`` extras).
+TOOL_PACKAGES = frozenset({"numpy", "rich", "matplotlib", "gguf"})
+
+
 def main() -> None:
     _register()
-    app()
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in TOOL_PACKAGES:
+            raise
+        typer.echo(f"this command needs {exc.name}, which the base install leaves out: "
+                   "pip install 'sweetspot-gateway[tools]'", err=True)
+        raise SystemExit(2) from None

@@ -36,17 +36,16 @@ def sim(
         raise typer.Exit()
     try:
         chosen = get_profile(profile)
-        overrides = {k: v for k, v in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs)) if v}
-        if overrides:
-            chosen = dataclasses.replace(chosen, **overrides)
+        if max_model_len or max_num_seqs:
+            chosen = dataclasses.replace(chosen, max_model_len=max_model_len or chosen.max_model_len,
+                                         max_num_seqs=max_num_seqs or chosen.max_num_seqs)
             chosen.validate()
     except (KeyError, ValueError) as exc:
         raise typer.BadParameter(str(exc.args[0]), param_hint="--profile") from None
     if time_scale <= 0:
         raise typer.BadParameter("must be > 0", param_hint="--time-scale")
 
-    from gateway.sim.serve import serve
-    from gateway.sim.server import SimConfig
+    from gateway.sim.http_app import SimConfig, serve
 
     config = SimConfig(profile=chosen, model_name=model_name, time_scale=time_scale, seed=seed, admin=admin,
                        eos_mean_tokens=eos_mean_tokens, api_key=api_key)

@@ -71,11 +71,11 @@ def sweep(
     """Sweep concurrency levels and report peak tokens/s, the sweet spot and the cliff."""
     from rich.console import Console
 
-    from gateway.bench.progress import sweep_progress
-    from gateway.bench.report import headline, rich_table, write_report
-    from gateway.bench.result import SLO
-    from gateway.bench.sweep import SweepConfig, SweepError, run_sweep_sync
-    from gateway.bench.workload import Workload, parse_length
+    from gateway.sweep.progress import sweep_progress
+    from gateway.sweep.tables import headline, rich_table, write_report
+    from gateway.sweep.result import SLO
+    from gateway.sweep.driver import SweepConfig, SweepError, run_sweep_sync
+    from gateway.sweep.workload import Workload, parse_length
 
     if api not in ("chat", "completions"):
         raise typer.BadParameter("--api must be chat or completions")

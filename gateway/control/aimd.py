@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.control.algorithm import Action, Decision, Reason
+from gateway.control.algorithm import Action, Decision, Phase, Reason
 from gateway.control.capacity import kv_room, over_share
 from gateway.control.ceiling import Ceiling
 from gateway.control.config import AimdConfig, StartPoint
@@ -44,9 +44,6 @@ from gateway.control.reprobe import Probe, Reprobe
 from gateway.control.signals import CongestionDetector, Signal
 from gateway.control.tpot import TpotPredictor
 
-SLOW_START = "slow_start"  # doubling from the start (or back towards the last good limit after failures)
-CLIMB = "climb"  # a doubling ran into headroom: climbing to the top of the curve in quarter steps
-CRUISE = "cruise"  # at the knee, with a probe beside it every re-probe period
 _DWELL_READINGS = 3  # settled readings at a limit before the curve may move it a little
 _FAR = 0.2  # ... but a knee this far below (share of the limit) is acted on after one reading
 
@@ -58,9 +55,9 @@ class Aimd:
         self.config = config
         first = start.limit if start is not None else initial_limit
         self._limit = min(max(first, config.limit_min), config.limit_max)
-        self._phase = SLOW_START if start is None else CRUISE
+        self._phase = Phase.SLOW_START if start is None else Phase.CRUISE
         if start is not None and start.levels and self._limit >= max(level for level, _ in start.levels):
-            self._phase = CLIMB  # the sweep never saw its curve flatten: the top is still to find
+            self._phase = Phase.CLIMB  # the sweep never saw its curve flatten: the top is still to find
         self._peak_reference = start.peak_tokens_per_s if start is not None else None
         self._ssthresh: int | None = None
         self._probe: Probe | None = None
@@ -107,7 +104,7 @@ class Aimd:
         if signals:
             return self._congested(obs, signals, lo, bottleneck)
         if not bottleneck:
-            if self._probe is not None and self._probe.kind == CRUISE:
+            if self._probe is not None and self._probe.kind == Phase.CRUISE:
                 self._probe.interrupted = True
             return self._hold(obs, Reason.NO_DEMAND)
         if self._probe is not None and self._probe.interrupted:
@@ -123,10 +120,10 @@ class Aimd:
             self._detail["blocked_by"] = blocked.value
             if self._probe is not None and self._probe.direction > 0:
                 return self._blocked(obs, blocked)
-        if self._phase == SLOW_START and self._ssthresh is not None:
+        if self._phase == Phase.SLOW_START and self._ssthresh is not None:
             return self._recover(obs, lo, hi)
         probe = self._probe
-        rate = self._readings.take(now, short=probe is not None and probe.kind == SLOW_START
+        rate = self._readings.take(now, short=probe is not None and probe.kind == Phase.SLOW_START
                                    and self._readings.taken == 0)
         if rate is None:
             return self._hold(obs, Reason.SETTLING)
@@ -137,14 +134,14 @@ class Aimd:
             # the mix changed. The curve's shape, and so the knee, is kept until readings say otherwise.
             self._detail["curve_rescaled"] = True
             # Re-measure the top soon (when cruising): the old readings only stand in for it.
-            self._reprobe.rescaled(cruising=self._phase == CRUISE)
+            self._reprobe.rescaled(cruising=self._phase == Phase.CRUISE)
         if self._probe is not None:
-            if not settled and self._probe.kind != SLOW_START:
+            if not settled and self._probe.kind != Phase.SLOW_START:
                 return self._hold(obs, Reason.SETTLING, first_reading=True)
             return self._judge(obs, rate, lo, hi)
-        if self._phase == SLOW_START:
+        if self._phase == Phase.SLOW_START:
             return self._slow_start(obs, lo, hi)
-        if self._phase == CLIMB:
+        if self._phase == Phase.CLIMB:
             return self._climb(obs, lo, hi)
         return self._cruise(obs, lo, hi)
 
@@ -178,14 +175,14 @@ class Aimd:
         self._reprobe.after(self.config.window_s, direction=1)
         if signal.reason is Reason.UPSTREAM_ERRORS:
             # Failures say nothing about where the knee is: recover quickly towards the last good limit.
-            recovering = self._phase == SLOW_START and self._ssthresh is not None
+            recovering = self._phase == Phase.SLOW_START and self._ssthresh is not None
             self._ssthresh = max(congested_at, self._ssthresh or 0) if recovering else congested_at
-            self._phase = SLOW_START
+            self._phase = Phase.SLOW_START
             self._ceiling.clear()
         else:
             # A doubling that hit congestion leaves the top of the curve between the two limits.
-            searching = probe is not None and probe.kind == SLOW_START and self._ssthresh is None
-            self._phase = CLIMB if searching else CRUISE
+            searching = probe is not None and probe.kind == Phase.SLOW_START and self._ssthresh is None
+            self._phase = Phase.CLIMB if searching else Phase.CRUISE
             self._ssthresh = None
             self._set_ceiling(now, congested_at - 1)
             self._curve.forget_above(congested_at - 1)
@@ -207,7 +204,7 @@ class Aimd:
             top = min(top, max(self._limit + room, self._limit))
         return top
 
-    def _begin(self, obs: Observation, target: int, kind: str, reason: Reason) -> Decision:
+    def _begin(self, obs: Observation, target: int, kind: Phase, reason: Reason) -> Decision:
         self._probe = Probe(1 if target > self._limit else -1, self._limit, kind)
         return self._change(obs, target, reason)
 
@@ -217,10 +214,10 @@ class Aimd:
             top = min(top, self._ssthresh)
         target = min(self._limit * 2, top)
         if target <= self._limit:
-            self._phase = CRUISE
+            self._phase = Phase.CRUISE
             self._ssthresh = None
             return self._cruise(obs, lo, hi)
-        return self._begin(obs, target, SLOW_START, Reason.SLOW_START)
+        return self._begin(obs, target, Phase.SLOW_START, Reason.SLOW_START)
 
     def _recover(self, obs: Observation, lo: int, hi: int) -> Decision:
         """After failures: double back towards the last good limit every settle period while the
@@ -239,15 +236,15 @@ class Aimd:
         step = max(1, round(CLIMB_STEP * self._limit))
         target = min(self._limit + step, self._top(obs, hi))
         if target <= self._limit:
-            self._phase = CRUISE
+            self._phase = Phase.CRUISE
             return self._cruise(obs, lo, hi)
-        return self._begin(obs, target, CLIMB, Reason.PROBE)
+        return self._begin(obs, target, Phase.CLIMB, Reason.PROBE)
 
     def _cruise(self, obs: Observation, lo: int, hi: int, *, probed: bool = False) -> Decision:
         """Sit at the knee of the measured curve; every ``reprobe_s`` measure one step beside it.
         ``probed``: a probe just got its reading, and the knee is read off the curve right away (it
         went there only to measure)."""
-        self._phase = CRUISE
+        self._phase = Phase.CRUISE
         at_cap = self._limit >= hi  # nothing above: every probe is a down-probe (see reprobe.py)
         if at_cap:
             self._reprobe.reclimb = False  # the top to measure again is this limit, and it was just read
@@ -277,7 +274,7 @@ class Aimd:
                 if self._reprobe.waiting and not self._reprobe.due(at_cap=at_cap):
                     return self._hold(obs, Reason.STEADY, next_probe_in_s=self._reprobe.in_s())
                 self._reprobe.begin()
-                return self._begin(obs, target, CRUISE, Reason.PROBE)
+                return self._begin(obs, target, Phase.CRUISE, Reason.PROBE)
             return self._change(obs, target, Reason.KNEE)
         if not self._reprobe.due(at_cap=at_cap):
             return self._hold(obs, Reason.STEADY, next_probe_in_s=self._reprobe.in_s())
@@ -296,7 +293,7 @@ class Aimd:
         if turn is None:  # up is closed (the hard cap, a ceiling): this turn is skipped
             return self._hold(obs, Reason.AT_MAX if self._limit >= hi else Reason.CEILING)  # see _hold
         target, climbing = turn
-        return self._begin(obs, target, CLIMB if climbing else CRUISE, Reason.PROBE)
+        return self._begin(obs, target, Phase.CLIMB if climbing else Phase.CRUISE, Reason.PROBE)
 
     def _yield(self, obs: Observation, lo: int, *, room_to_grow: bool) -> Decision | None:
         """Give a probe step back to the others on a full, shared backend (see ``capacity.over_share``)."""
@@ -322,16 +319,16 @@ class Aimd:
                 slo, probe.base_limit, base_rate, self._limit, rate)
             self._set_ceiling(now, self._limit - 1)
             self._curve.forget_above(fit)
-            self._phase = CRUISE
+            self._phase = Phase.CRUISE
             self._ssthresh = None
             return self._change(obs, fit, Reason.TPOT, Action.DECREASE)
-        if probe.kind == CRUISE or probe.direction < 0:
+        if probe.kind == Phase.CRUISE or probe.direction < 0:
             if probe.direction < 0 and probe.base_limit >= hi:  # the question at the hard cap, answered
                 self._reprobe.answered(known=clearly_below(self._curve, self.config, self._limit, probe.base_limit))
             return self._cruise(obs, lo, hi, probed=True)
         paid_off, judged_on = paid(self._curve, self.config, probe.base_limit, self._limit, rate)
         self._detail.update(judged_on)
-        if probe.kind == SLOW_START:
+        if probe.kind == Phase.SLOW_START:
             return self._slow_start(obs, lo, hi) if paid_off else self._cruise(obs, lo, hi, probed=True)
         return self._climb(obs, lo, hi) if paid_off else self._cruise(obs, lo, hi, probed=True)
 
@@ -344,10 +341,10 @@ class Aimd:
         self._probe = None
         blocked_at = self._limit
         self._ceiling.set(obs.now, blocked_at - 1, floor=self.config.limit_min, hold_s=self.config.reprobe_s)
-        if probe.kind == SLOW_START and self._ssthresh is None:
-            self._phase = CLIMB
+        if probe.kind == Phase.SLOW_START and self._ssthresh is None:
+            self._phase = Phase.CLIMB
         else:
-            self._phase = CRUISE
+            self._phase = Phase.CRUISE
             self._ssthresh = None
         return self._change(obs, probe.base_limit, reason, Action.DECREASE)
 
@@ -380,7 +377,7 @@ class Aimd:
         return {
             "algorithm": "aimd",
             "limit": self._limit,
-            "phase": self._phase,
+            "phase": self._phase.value,
             "ssthresh": self._ssthresh,
             "ceiling": self._ceiling.value,
             "ceiling_until": self._ceiling.until if self._ceiling.value is not None else None,

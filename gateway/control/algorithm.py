@@ -21,6 +21,14 @@ class Action(str, Enum):
     HOLD = "hold"
 
 
+class Phase(str, Enum):
+    """Where the knee search is. The values are log fields: stable."""
+
+    SLOW_START = "slow_start"  # doubling from the start (or back towards the last good limit after failures)
+    CLIMB = "climb"  # a doubling ran into headroom: climbing to the top of the curve in quarter steps
+    CRUISE = "cruise"  # at the knee, with a probe beside it every re-probe period
+
+
 class Reason(str, Enum):
     """Why the limit moved or stayed. The values are Prometheus label values and log fields: stable."""
 
@@ -59,7 +67,7 @@ class Decision:
     previous: int
     action: Action
     reason: Reason
-    phase: str
+    phase: Phase | None  # None for algorithms without phases
     inputs: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -73,7 +81,7 @@ class Decision:
             "previous": self.previous,
             "action": self.action.value,
             "reason": self.reason.value,
-            "phase": self.phase,
+            "phase": None if self.phase is None else self.phase.value,
             "inputs": self.inputs,
         }
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.control.algorithm import Phase
+
 QUIET_MAX = 8  # at most this many periods between probes at the hard cap (probes cost 1/8 as much)
 CLIMB_EVERY = 3  # every third up-probe is climb-sized
 
@@ -42,7 +44,7 @@ class Probe:
 
     direction: int  # +1: slots added, -1: slots removed
     base_limit: int
-    kind: str  # the phase that made the step: slow start, climb or cruise
+    kind: Phase  # the phase that made the step
     interrupted: bool = False  # demand left while it waited for its reading
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.bench.finder import find_sweet_spot, judge
-from gateway.bench.result import LevelMetrics, Stats, SweepResult
+from gateway.sweep.finder import find_sweet_spot, judge
+from gateway.sweep.result import LevelMetrics, Stats, SweepResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,19 +28,19 @@ from typing import Any
 import aiohttp
 from rich.console import Console
 
-from gateway.bench.client import StreamClient, Target
-from gateway.bench.live import LiveWindow
-from gateway.bench.loadgen import ClosedLoopPool
-from gateway.bench.progress import sweep_progress
-from gateway.bench.report import headline as sweep_headline
-from gateway.bench.report import write_report
-from gateway.bench.result import SweepResult
-from gateway.bench.sweep import SweepConfig, SweepError, run_sweep
-from gateway.bench.workload import RequestFactory, Workload
-from gateway.demo.children import ChildError, Children, sweetspot_command
+from gateway.sweep.client import StreamClient, Target
+from gateway.sweep.live import LiveWindow
+from gateway.sweep.loadgen import ClosedLoopPool
+from gateway.sweep.progress import sweep_progress
+from gateway.sweep.tables import headline as sweep_headline
+from gateway.sweep.tables import write_report
+from gateway.sweep.result import SweepResult
+from gateway.sweep.driver import SweepConfig, SweepError, run_sweep
+from gateway.sweep.workload import RequestFactory, Workload
+from gateway.demo.processes import LISTENING, ProcessError, process_factory, sweetspot_module
 from gateway.demo.plot import plot_timeline
 from gateway.demo.reference import Reference, reference_for
-from gateway.demo.report import headline, summary_table, write_json
+from gateway.demo.outcome import headline, summary_table, write_json
 from gateway.demo.script import DEFAULT, QUICK, Script, default_workload, gateway_env, scaled_slo
 from gateway.demo.summary import overall, summarize
 from gateway.demo.timeline import Sample, build_sample
@@ -210,22 +210,22 @@ def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
         + ", ".join(f"{k}={v}" for k, v in env.items()), highlight=False, soft_wrap=True, markup=False)
     with _sigterm_interrupts():
         try:
-            with Children(out) as children:
-                sim = children.start("sim", sweetspot_command(
+            with process_factory() as start:
+                sim = start(sweetspot_module(
                     "sim", "--port", "0", "--profile", options.profile, "--time-scale", f"{options.time_scale:g}",
-                    "--admin", "--seed", str(options.seed)))
+                    "--admin", "--seed", str(options.seed)),
+                    ready_pattern=LISTENING, ready_url="{url}/health", timeout=60,
+                    log_path=out / "sim.log", die_with_parent=True)
                 pids["sim"] = sim.pid
-                sim.wait_http_ok("/health", 30)
                 console.print(f"simulator listening on {sim.url}", highlight=False)
-                assert sim.url is not None
                 result = _sweep(console, sim.url, script, workload, options.time_scale, out / "sweep")
                 references = [reference_for(result, p.speed_factor) for p in script.phases]
-                gateway = children.start("gateway", sweetspot_command(
+                gateway = start(sweetspot_module(
                     "serve", "--upstream", sim.url, "--port", "0", "--sweep-result",
-                    str(out / "sweep" / "sweep.json"), "--log-level", "info"), env=env)
+                    str(out / "sweep" / "sweep.json"), "--log-level", "info"), env=env,
+                    ready_pattern=LISTENING, ready_url="{url}/readyz", timeout=60,
+                    log_path=out / "gateway.log", die_with_parent=True)
                 pids["gateway"] = gateway.pid
-                gateway.wait_http_ok("/readyz", 30)
-                assert gateway.url is not None
                 console.print(f"gateway listening on {gateway.url}, in front of {sim.url}", highlight=False)
                 view = make_view(console, script.phases, plain=options.plain, every_s=options.print_every_s)
                 with view:
@@ -234,7 +234,7 @@ def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
         except KeyboardInterrupt:
             outcome.interrupted, outcome.exit_code = True, 130
             console.print("interrupted: every process the demo started has been stopped", highlight=False)
-        except (DemoError, ChildError) as exc:
+        except (DemoError, ProcessError) as exc:
             outcome.exit_code = 1
             console.print(f"error: {exc}", highlight=False, soft_wrap=True, markup=False)
     if result is not None and samples:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gateway.bench.result import SLO
-from gateway.bench.workload import LengthDist, Workload
+from gateway.sweep.result import SLO
+from gateway.sweep.workload import LengthDist, Workload
 
 DEMAND_MARGIN = 1.25  # judged when clients >= this x the phase's reference sweet spot
 TOLERANCE = 0.25  # the controller's median limit must be within +-25% of the reference

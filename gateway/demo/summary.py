@@ -96,7 +96,7 @@ def summarize_phase(index: int, phase: Phase, samples: Sequence[Sample], referen
         queued = _median([s.queued for s in steady]) or 0
         if ref is None:
             note = "no reference sweet spot to judge against"
-        elif median < phase.clients and queued > 0:
+        elif median is not None and median < phase.clients and queued > 0:
             # Not the criterion (demand is under the sweet spot), but worth saying: the limit throttled
             # a demand the backend could have taken.
             note = (f"{phase.clients} clients < {DEMAND_MARGIN:g} x {ref}, yet the limit (median {median:g}) "

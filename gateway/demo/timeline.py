@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from gateway.bench.live import LiveStats
-from gateway.bench.loadgen import PoolStats
+from gateway.sweep.live import LiveStats
+from gateway.sweep.loadgen import PoolStats
 
 
 @dataclass(frozen=True, slots=True)

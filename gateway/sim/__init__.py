@@ -2,7 +2,7 @@
 
 Pure parts, importable anywhere without I/O: :class:`Engine` (the scheduler and step-time model
 on an injected clock), the calibrated :mod:`profiles <gateway.sim.profiles>`, and the oracle
-:func:`predict_closed_loop`. The HTTP server (``gateway.sim.server``, run by ``sweetspot sim``)
+:func:`predict_closed_loop`. The HTTP server (``gateway.sim.http_app``, run by ``sweetspot sim``)
 is built on them. Nothing here imports the gateway, and the gateway never imports this.
 """
 

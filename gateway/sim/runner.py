@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from gateway.sim.engine import Engine, StepResult
-from gateway.sim.metrics import VllmMetrics
+from gateway.sim.exposition import VllmMetrics
 
 log = logging.getLogger("gateway.sim")
 

@@ -10,9 +10,11 @@ Each :func:`create_app` builds its own :class:`GatewayMetrics` on its own regist
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
+
+M = TypeVar("M", Counter, Gauge, Histogram)
 
 # `_created` series double the exposition size for no dashboard use (vLLM turns them off too).
 disable_created_metrics()
@@ -39,7 +41,7 @@ class GatewayMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+        self._children: dict[tuple[object, tuple[str, ...]], object] = {}
         r = self.registry
 
         self.info = Info("sweetspot", "Gateway build information.", registry=r)
@@ -178,7 +180,7 @@ class GatewayMetrics:
             "sweetspot_backend_scrape_errors", "Failed scrapes of the backend's /metrics.", ["upstream"], registry=r
         )
 
-    def child(self, metric: Any, *labels: str) -> Any:
+    def child(self, metric: M, *labels: str) -> M:
         """``metric.labels(*labels)``, bound once and kept. ``labels()`` takes a lock and builds its key on
         every call, which the request path would otherwise pay several times per request; the label values
         used here (upstreams, routes, statuses, outcomes) are few and fixed."""
@@ -186,4 +188,4 @@ class GatewayMetrics:
         found = self._children.get(key)
         if found is None:
             found = self._children[key] = metric.labels(*labels)
-        return found
+        return cast(M, found)

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from gateway.control.observation import GpuHeadroom
 
@@ -36,13 +35,31 @@ class GpuSource(Protocol):
     def close(self) -> None: ...
 
 
+class NvmlLibrary(Protocol):
+    """The part of the ``pynvml`` module this source calls (tests without a GPU pass a fake of it)."""
+
+    def nvmlInit(self) -> None: ...
+
+    def nvmlShutdown(self) -> None: ...
+
+    def nvmlDeviceGetCount(self) -> int: ...
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
+
+    def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...
+
+
 class NvmlSource:
     """All visible GPUs, or the NVML ``indices`` given (an unknown index is skipped and reported)."""
 
-    def __init__(self, indices: Sequence[int] = (), *, nvml: ModuleType | Any | None = None) -> None:
+    def __init__(self, indices: Sequence[int] = (), *, nvml: NvmlLibrary | None = None) -> None:
         self.indices = tuple(indices)
         self.reason: str | None = None
-        self._nvml = nvml  # the pynvml module; injectable so the per-GPU logic can be tested without a GPU
+        self._nvml: NvmlLibrary | None = nvml  # the pynvml module unless given
         self._ready = False
         self._failed_reads = 0
 
@@ -56,7 +73,7 @@ class NvmlSource:
             if self._nvml is None:
                 import pynvml
 
-                self._nvml = pynvml
+                self._nvml = cast(NvmlLibrary, pynvml)
             self._nvml.nvmlInit()
         except ImportError as exc:
             return self._fail(f"pynvml is not installed ({exc})")
@@ -78,6 +95,7 @@ class NvmlSource:
         if not self._init():
             return []
         nvml = self._nvml
+        assert nvml is not None  # set by _init
         try:
             count = int(nvml.nvmlDeviceGetCount())
         except Exception as exc:
@@ -96,6 +114,7 @@ class NvmlSource:
 
     def _read_one(self, index: int) -> GpuHeadroom | None:
         nvml = self._nvml
+        assert nvml is not None  # only called from read(), after _init
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)

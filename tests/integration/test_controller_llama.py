@@ -56,7 +56,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gateway.bench import ClosedLoopPool, RequestFactory, StreamClient, Target, Workload, parse_length
+from gateway.sweep.client import StreamClient, Target
+from gateway.sweep.loadgen import ClosedLoopPool
+from gateway.sweep.workload import RequestFactory, Workload, parse_length
 from tests.support.gateway import get_json, start_gateway
 from tests.support.llama import MODEL, llama_config, start_llama_server
 

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from gateway.bench.result import load_sweep_result
+from gateway.sweep.result import load_sweep_result
 
 ANSI = re.compile(r"\x1b\[")
 DEMO = [sys.executable, "-m", "gateway", "demo", "--quick"]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench.result import load_sweep_result
-from gateway.testing.processes import LISTENING, RunningProcess, start_process, sweetspot
+from gateway.sweep.result import load_sweep_result
+from gateway.demo.processes import LISTENING, RunningProcess, start_process, sweetspot
 
 
 @pytest.fixture(scope="module")

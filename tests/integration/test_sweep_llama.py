@@ -1,7 +1,7 @@
 """A sweep of a real llama-server through the gateway agrees with a sweep of it direct (issue 6: within 10% on
 peak tokens/s): the gateway adds queueing, never a throughput cost of its own.
 
-Both sweeps use the project's sweep (``gateway.bench.run_sweep``, the metric definitions of ``vllm bench
+Both sweeps use the project's sweep (``gateway.sweep.run_sweep``, the metric definitions of ``vllm bench
 serve``), against one llama-server (4 slots, one thread: see ``test_controller_llama.py`` for why), with a
 ``--no-control`` gateway whose limit is above every level, so the gateway only proxies. The two sweeps are
 measured level by level in alternation (direct then gateway, then the other way round at the next level, and
@@ -15,7 +15,9 @@ import statistics
 
 import pytest
 
-from gateway.bench import SLO, SweepConfig, Workload, parse_length, run_sweep
+from gateway.sweep.driver import SweepConfig, run_sweep
+from gateway.sweep.result import SLO
+from gateway.sweep.workload import Workload, parse_length
 from tests.support.gateway import start_gateway
 from tests.support.llama import llama_config, start_llama_server
 

@@ -6,7 +6,7 @@ import json
 import urllib.request
 from collections.abc import Callable
 
-from gateway.testing.processes import LISTENING, RunningProcess, sweetspot
+from gateway.demo.processes import LISTENING, RunningProcess, sweetspot
 
 Start = Callable[..., RunningProcess]
 

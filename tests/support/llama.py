@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from gateway.testing.llama_server import LlamaServerConfig, LlamaServerNotFound, find_binary
-from gateway.testing.tiny_gguf import TinyModelSpec, ensure_model
-from gateway.testing.processes import LISTENING, RunningProcess, free_port
+from tests.support.llama_server import LlamaServerConfig, LlamaServerNotFound, find_binary
+from tests.support.tiny_gguf import TinyModelSpec, ensure_model
+from gateway.demo.processes import LISTENING, RunningProcess, free_port
 
 Start = Callable[..., RunningProcess]
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import pytest
 
-from gateway.admission import AdmissionQueue, Limiter, NoHealthyUpstream, QueueFull, QueueTimeout
+from gateway.server.admission import AdmissionQueue, Limiter, NoHealthyUpstream, QueueFull, QueueTimeout
 
 
 class FakeClock:
@@ -17,8 +18,21 @@ class FakeClock:
         return self.now
 
 
-def make(limit: int = 1, max_queue: int = 10, names: tuple[str, ...] = ("a",)) -> AdmissionQueue:
-    return AdmissionQueue([Limiter(n, limit) for n in names], max_queue=max_queue, clock=FakeClock())
+@dataclass
+class Target:
+    """An upstream as admission sees it."""
+
+    name: str
+    limiter: Limiter
+    healthy: bool = True
+
+
+def targets(**limits: int) -> list[Target]:
+    return [Target(name, Limiter(name, limit)) for name, limit in limits.items()]
+
+
+def make(limit: int = 1, max_queue: int = 10, names: tuple[str, ...] = ("a",)) -> AdmissionQueue[Target]:
+    return AdmissionQueue([Target(n, Limiter(n, limit)) for n in names], max_queue=max_queue, clock=FakeClock())
 
 
 async def test_admits_up_to_the_limit_then_queues_fifo() -> None:
@@ -34,12 +48,12 @@ async def test_admits_up_to_the_limit_then_queues_fifo() -> None:
 
     tasks = [asyncio.create_task(wait(i)) for i in range(3)]
     await asyncio.sleep(0)
-    assert queue.depth == 3 and queue.limiters["a"].inflight == 2
+    assert queue.depth == 3 and queue.targets["a"].limiter.inflight == 2
     queue.release(p1)
     queue.release(p2)
     await asyncio.gather(*tasks)
     assert order == [0, 1, 2]
-    assert queue.limiters["a"].inflight == 0 and queue.depth == 0
+    assert queue.targets["a"].limiter.inflight == 0 and queue.depth == 0
 
 
 async def test_higher_priority_goes_first_fifo_within_priority() -> None:
@@ -90,7 +104,7 @@ async def test_cancelled_waiter_never_gets_a_permit() -> None:
     await asyncio.gather(waiter, return_exceptions=True)
     assert queue.depth == 0
     queue.release(held)
-    assert queue.limiters["a"].inflight == 0
+    assert queue.targets["a"].limiter.inflight == 0
 
 
 async def test_raising_the_limit_admits_waiters_on_dispatch() -> None:
@@ -98,37 +112,37 @@ async def test_raising_the_limit_admits_waiters_on_dispatch() -> None:
     await queue.acquire(timeout_s=1)
     waiters = [asyncio.create_task(queue.acquire(timeout_s=5)) for _ in range(2)]
     await asyncio.sleep(0)
-    queue.limiters["a"].set_limit(3)
+    queue.targets["a"].limiter.set_limit(3)
     queue.dispatch()
     permits = await asyncio.gather(*waiters)
-    assert len(permits) == 2 and queue.limiters["a"].inflight == 3
+    assert len(permits) == 2 and queue.targets["a"].limiter.inflight == 3
 
 
 async def test_lowering_the_limit_stops_new_admissions_only() -> None:
     queue = make(limit=3)
     permits = [await queue.acquire(timeout_s=1) for _ in range(3)]
-    queue.limiters["a"].set_limit(1)
+    queue.targets["a"].limiter.set_limit(1)
     waiter = asyncio.create_task(queue.acquire(timeout_s=5))
     queue.release(permits[0])
     queue.release(permits[1])
     await asyncio.sleep(0)
     assert not waiter.done()  # still 1 in flight == the new limit
     queue.release(permits[2])
-    assert (await waiter).limiter.name == "a"
+    assert (await waiter).target.name == "a"
 
 
 async def test_dispatch_prefers_most_free_and_skips_unhealthy() -> None:
-    queue = AdmissionQueue([Limiter("a", 2), Limiter("b", 4)], max_queue=5, clock=FakeClock())
-    assert (await queue.acquire(timeout_s=1)).limiter.name == "b"
-    queue.limiters["b"].healthy = False
-    assert (await queue.acquire(timeout_s=1)).limiter.name == "a"
-    queue.limiters["a"].healthy = False
+    queue = AdmissionQueue(targets(a=2, b=4), max_queue=5, clock=FakeClock())
+    assert (await queue.acquire(timeout_s=1)).target.name == "b"
+    queue.targets["b"].healthy = False
+    assert (await queue.acquire(timeout_s=1)).target.name == "a"
+    queue.targets["a"].healthy = False
     with pytest.raises(NoHealthyUpstream):
         await queue.acquire(timeout_s=1)
 
 
 async def test_waiter_for_a_busy_upstream_does_not_block_others() -> None:
-    queue = AdmissionQueue([Limiter("a", 1), Limiter("b", 1)], max_queue=5, clock=FakeClock())
+    queue = AdmissionQueue(targets(a=1, b=1), max_queue=5, clock=FakeClock())
     on_a = await queue.acquire(eligible=["a"], timeout_s=1)
     on_b = await queue.acquire(eligible=["b"], timeout_s=1)
     wants_a = asyncio.create_task(queue.acquire(eligible=["a"], timeout_s=5))
@@ -136,15 +150,15 @@ async def test_waiter_for_a_busy_upstream_does_not_block_others() -> None:
     wants_b = asyncio.create_task(queue.acquire(eligible=["b"], timeout_s=5))
     await asyncio.sleep(0)
     queue.release(on_b)
-    assert (await wants_b).limiter.name == "b"
+    assert (await wants_b).target.name == "b"
     assert not wants_a.done()
     queue.release(on_a)
-    assert (await wants_a).limiter.name == "a"
+    assert (await wants_a).target.name == "a"
 
 
 async def test_retry_after_follows_the_drain_rate() -> None:
     clock = FakeClock()
-    queue = AdmissionQueue([Limiter("a", 1)], max_queue=100, clock=clock)
+    queue = AdmissionQueue(targets(a=1), max_queue=100, clock=clock)
     for _ in range(20):  # 20 releases over 10 s: 2 per second
         queue.release(await queue.acquire(timeout_s=1))
         clock.now += 0.5

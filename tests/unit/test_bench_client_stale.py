@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.bench.client import StreamClient, Target
-from gateway.bench.workload import RequestFactory, Workload, parse_length
+from gateway.sweep.client import StreamClient, Target
+from gateway.sweep.workload import RequestFactory, Workload, parse_length
 
 USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
 BODY = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in (

@@ -183,20 +183,6 @@ def test_decisions_carry_their_inputs() -> None:
     assert decision.as_dict()["reason"] == decision.reason.value
 
 
-def test_start_point_from_a_sweep_carries_its_levels_up_to_the_peak() -> None:
-    from gateway.bench.result import LevelMetrics
-
-    class Sweep:
-        sweet_spot = type("Spot", (), {"concurrency": 32})()
-        peak_tokens_per_s, peak_concurrency = 2345.0, 48
-        levels = [LevelMetrics(concurrency=c, output_tokens_per_s=r, failed=f)
-                  for c, r, f in ((16, 1770.0, 0), (24, 2092.0, 1), (32, 2245.0, 0), (48, 2345.0, 0), (64, 2000.0, 0))]
-
-    start = StartPoint.from_sweep(Sweep())
-    assert start is not None and start.limit == 32 and start.peak_tokens_per_s == 2345.0
-    assert start.levels == ((16, 1770.0), (32, 2245.0), (48, 2345.0))  # no failed level, none past the peak
-
-
 def four_slots(limit: int) -> float:
     """A 4-slot llama-server on a CPU (measured in tests/integration/test_controller_llama.py): convex at
     the bottom, so the fourth slot is worth the most and one slot less costs ~30% of the throughput."""

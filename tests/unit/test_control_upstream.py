@@ -9,7 +9,7 @@ import pytest
 from gateway.control.algorithm import Action, Reason
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.observation import GpuHeadroom, Headroom, Latency, LimiterState, observe
-from gateway.control.upstream import UpstreamControl
+from gateway.control.controller import UpstreamControl
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.bench.finder import find_sweet_spot, judge
-from gateway.bench.live import LiveStats
-from gateway.bench.loadgen import PoolStats
-from gateway.bench.result import SLO, LevelMetrics, ServerInfo, Stats, SweepResult, SweepSettings
+from gateway.sweep.finder import find_sweet_spot, judge
+from gateway.sweep.live import LiveStats
+from gateway.sweep.loadgen import PoolStats
+from gateway.sweep.result import SLO, LevelMetrics, ServerInfo, Stats, SweepResult, SweepSettings
 from gateway.demo.reference import reference_for, slowed_level
 from gateway.demo.script import DEFAULT, QUICK, gateway_env, is_judged, scaled_slo
 from gateway.demo.summary import MISS, NO_DATA, NOT_JUDGED, PASS, overall, summarize

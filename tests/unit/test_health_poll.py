@@ -14,9 +14,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.admission import Limiter
+from gateway.server.admission import Limiter
 from gateway.control.window import SlidingWindow
-from gateway.upstreams import SILENT_PROBES_TO_DOWN, Upstream, check_health
+from gateway.server.health import SILENT_PROBES_TO_DOWN, check_health
+from gateway.server.upstreams import Upstream
 from tests.support.loopback import serving
 
 TIMEOUT_S = 0.3

@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from gateway.bench.client import RequestRecord, StreamClient, Target
-from gateway.bench.loadgen import ClosedLoopPool, PoissonLoad
-from gateway.bench.workload import RequestFactory, Workload, parse_length
+from gateway.sweep.client import RequestRecord, StreamClient, Target
+from gateway.sweep.loadgen import ClosedLoopPool, PoissonLoad
+from gateway.sweep.workload import RequestFactory, Workload, parse_length
 from tests.support.loopback import serving
 
 STEP_S = 0.01
@@ -165,7 +165,7 @@ async def test_poisson_load_respects_its_cap(server: str) -> None:
 
 
 def test_what_counts_as_a_token_chunk() -> None:
-    from gateway.bench.client import _carries_token
+    from gateway.sweep.client import _carries_token
 
     assert _carries_token({"delta": {"content": "a"}}, chat=True)
     assert _carries_token({"delta": {"reasoning_content": "hm"}}, chat=True)  # reasoning models

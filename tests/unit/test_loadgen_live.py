@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.bench.client import RequestRecord
-from gateway.bench.live import LiveWindow
-from gateway.bench.loadgen import PoolStats
+from gateway.sweep.client import RequestRecord
+from gateway.sweep.live import LiveWindow
+from gateway.sweep.loadgen import PoolStats
 
 
 def stats(chunks: int, in_flight: int = 3) -> PoolStats:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gateway.bench.client import SSEDecoder, normalize_base_url
-from gateway.bench.workload import LengthDist, RequestFactory, Workload, parse_length
+from gateway.sweep.client import SSEDecoder, normalize_base_url
+from gateway.sweep.workload import LengthDist, RequestFactory, Workload, parse_length
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from gateway.api.inbound import RequestHeaders
-from gateway.api.validation import BadRequest, ChatRequest, CompletionRequest, parse_body, with_usage_requested
+from gateway.server.routes.inbound import RequestHeaders
+from gateway.server.routes.validation import BadRequest, ChatRequest, CompletionRequest, parse_body, with_usage_requested
 
 
 def test_usage_is_spliced_in_and_every_other_byte_kept() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.testing.processes import sweetspot
+from gateway.demo.processes import sweetspot
 
 
 def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.serving import NumericConnectLoop, _is_numeric, settle_garbage_collector
+from gateway.server.serving import NumericConnectLoop, _is_numeric, settle_garbage_collector
 from tests.support.loopback import serving
 
 

@@ -11,12 +11,12 @@ import json
 
 import pytest
 
-from gateway.admission import Limiter
+from gateway.server.admission import Limiter
 from gateway.control.window import Outcome, SlidingWindow
-from gateway.measure import RequestTracker
-from gateway.proxy import SSEFilter
+from gateway.server.measure import RequestTracker
+from gateway.server.sse import SSEFilter
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.upstreams import Upstream
+from gateway.server.upstreams import Upstream
 
 
 def event(payload: dict | str) -> bytes:

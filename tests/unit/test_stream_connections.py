@@ -12,9 +12,10 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from gateway.core import Gateway
+from gateway.server.parts import Gateway
 from gateway.settings import Settings
-from gateway.supervisor import Supervisor
+from gateway.server.control_loop import ControlLoop
+from gateway.server.upstream_headers import request_headers
 from tests.support.loopback import serving
 
 EVENTS = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', b"data: [DONE]\n\n"]
@@ -55,7 +56,7 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Rec
 
 async def stream_once(gateway: Gateway, url: str) -> bytes:
     upstream = gateway.pool.by_name[url]
-    headers = gateway.upstream_headers(None, "req-1", stream=True, keep_alive=upstream.streams_keep_alive)
+    headers = request_headers(None, None, "req-1", stream=True, keep_alive=upstream.streams_keep_alive)
     reply = await gateway.client.send(url, "/v1/chat/completions", b'{"stream":true}', headers)
     try:
         return await reply.response.read()
@@ -66,12 +67,12 @@ async def stream_once(gateway: Gateway, url: str) -> bytes:
 async def test_streams_keep_their_connection_only_once_the_backend_is_known_to_keep_it(server) -> None:
     kind, recorder, url = server
     gateway = Gateway.build(Settings(upstreams=[url], control_enabled=False))
-    supervisor = Supervisor.build(gateway)
-    supervisor.start()
+    control_loop = ControlLoop.build(gateway)
+    control_loop.start()
     try:
         assert not gateway.pool.by_name[url].streams_keep_alive  # not scraped yet: close, the safe default
         assert await stream_once(gateway, url) == b"".join(EVENTS)
-        await supervisor.scrape()
+        await control_loop.scrape()
         assert gateway.pool.by_name[url].streams_keep_alive == (kind == "vllm")
         for _ in range(3):
             assert await stream_once(gateway, url) == b"".join(EVENTS)

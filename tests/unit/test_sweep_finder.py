@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.bench.finder import detect_cliff, find_sweet_spot, judge, slo_violations
-from gateway.bench.result import SLO, LevelMetrics, Stats
+from gateway.sweep.finder import detect_cliff, find_sweet_spot, judge, slo_violations
+from gateway.sweep.result import SLO, LevelMetrics, Stats
 
 # Tokens/s and p99 TPOT (ms) shaped like the simulator's default profile (knee near 17, ~1,290 peak).
 CURVE = {1: (75, 13), 2: (150, 13), 4: (300, 13), 8: (590, 14), 16: (990, 16), 24: (1165, 21),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.bench.client import RequestRecord
-from gateway.bench.metrics import level_metrics, meets_slo, summarize, tokens_in_window
-from gateway.bench.result import SLO
+from gateway.sweep.client import RequestRecord
+from gateway.sweep.stats import level_metrics, meets_slo, summarize, tokens_in_window
+from gateway.sweep.result import SLO
 
 
 def rec(start: float, chunks: list[float], *, tokens: int | None = None, end: float | None = None,

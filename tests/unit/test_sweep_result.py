@@ -8,9 +8,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from gateway.bench.finder import find_sweet_spot, judge
-from gateway.bench.report import markdown, write_report
-from gateway.bench.result import (
+from gateway.sweep.finder import find_sweet_spot, judge
+from gateway.sweep.tables import markdown, write_report
+from gateway.sweep.result import (
     SLO,
     LevelMetrics,
     ServerInfo,

@@ -1,0 +1,138 @@
+"""One upstream's controller as the gateway and the scenario harness run it: inputs in, decision out.
+
+Each control tick the caller hands over what it measured (its sliding window, the limiter's numbers,
+headroom readings, the hard cap, the cumulative token count) and gets a :class:`Decision` back; it
+applies ``decision.limit`` to its limiter, counts the decision in Prometheus, and logs it when
+``decision.changed``. This object keeps a short decision log for the JSON state view, with repeated
+holds folded into one entry, so the log shows the last *moves* and the reasons in between instead of
+a page of identical "hold: steady". Pure: no clock, no I/O, no HTTP library.
+
+Latency evidence restarts at every decrease: a request admitted before it ran at a limit that no
+longer exists, and counting its slow finish again would cut the limit twice for one overload (the
+cascade that otherwise takes a limit from the cliff to a fraction of the knee).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from gateway.control.aimd import Aimd
+from gateway.control.algorithm import Action, Decision, LimitAlgorithm
+from gateway.control.config import AimdConfig, StartPoint
+from gateway.control.observation import NO_HEADROOM, Headroom, Latency, LimiterState, Observation, observe
+from gateway.control.window import SlidingWindow, WindowStats
+
+
+class UpstreamControl:
+    """The controller of one upstream: builds the observation, steps the algorithm, keeps the log."""
+
+    def __init__(
+        self,
+        name: str,
+        config: AimdConfig,
+        *,
+        initial_limit: int,
+        start: StartPoint | None = None,
+        algorithm: LimitAlgorithm | None = None,
+        log_size: int = 50,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.start = start
+        self.algorithm: LimitAlgorithm = algorithm or Aimd(config, initial_limit=initial_limit, start=start)
+        self._log: deque[dict[str, Any]] = deque(maxlen=log_size)
+        self.last: Decision | None = None
+        self.last_observation: Observation | None = None
+        self.last_stats: WindowStats | None = None
+        self.ticks = 0
+        self._evidence_since = float("-inf")
+
+    @property
+    def limit(self) -> int:
+        return self.algorithm.limit
+
+    def tick(
+        self,
+        now: float,
+        window: SlidingWindow,
+        limiter: LimiterState,
+        headroom: Headroom = NO_HEADROOM,
+        *,
+        hard_cap: int | None = None,
+        tokens_total: float | None = None,
+    ) -> Decision:
+        """One control step. The cumulative count of output tokens streamed through this upstream
+        (``window.tokens_total``, or ``tokens_total`` when given) lets throughput be read over exactly
+        the interval at one limit; without it readings wait for whole windows.
+        The window's statistics are kept in ``last_stats`` for the caller's gauges."""
+        if tokens_total is None:
+            tokens_total = window.tokens_total
+        stats = window.stats(now)
+        fresh = [s for s in window.samples(now) if s.admitted >= self._evidence_since]
+        observation = observe(
+            now, stats, limiter, headroom, hard_cap=hard_cap, tokens_total=tokens_total, latency=Latency.of(fresh)
+        )
+        decision = self.algorithm.step(observation)
+        if decision.action is Action.DECREASE:
+            self._evidence_since = now
+        self.last_stats = stats
+        self.ticks += 1
+        self.last = decision
+        self.last_observation = observation
+        self._remember(decision)
+        return decision
+
+    def _remember(self, decision: Decision) -> None:
+        previous = self._log[-1] if self._log else None
+        if (
+            previous is not None
+            and decision.action is Action.HOLD
+            and previous["action"] == Action.HOLD.value
+            and previous["reason"] == decision.reason.value
+            and previous["limit"] == decision.limit
+        ):
+            previous["count"] += 1
+            previous["until"] = round(decision.now, 3)
+            previous["inputs"] = decision.inputs  # the latest inputs behind the same verdict
+            return
+        entry = decision.as_dict()
+        entry["count"] = 1
+        entry["until"] = entry["now"]
+        self._log.append(entry)
+
+    def decisions(self) -> list[dict[str, Any]]:
+        """The decision log, oldest first (JSON-able)."""
+        return list(self._log)
+
+    def state(self) -> dict[str, Any]:
+        """Everything the JSON state view shows for this upstream."""
+        return {
+            "upstream": self.name,
+            "limit": self.limit,
+            "ticks": self.ticks,
+            "start": None if self.start is None else {
+                "limit": self.start.limit, "peak_tokens_per_s": self.start.peak_tokens_per_s,
+            },
+            "config": self.config.model_dump(),
+            "algorithm": self.algorithm.state(),
+            "last_decision": None if self.last is None else self.last.as_dict(),
+            "decisions": self.decisions(),
+        }
+
+    def log_fields(self, decision: Decision) -> dict[str, Any]:
+        """Fields for the structured log line the gateway writes when ``decision.changed``."""
+        inputs = decision.inputs
+        return {
+            "event": "limit_change",
+            "upstream": self.name,
+            "limit": decision.limit,
+            "previous": decision.previous,
+            "action": decision.action.value,
+            "reason": decision.reason.value,
+            "phase": decision.phase,
+            **{key: inputs.get(key) for key in (
+                "tokens_per_s", "measured_tokens_per_s", "ttft_p99", "tpot_p99", "queue_depth",
+                "peak_inflight", "kv_usage", "backend_waiting", "upstream_errors", "timeouts",
+            ) if inputs.get(key) is not None},
+        }

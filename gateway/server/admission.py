@@ -1,0 +1,285 @@
+"""Admission: per-upstream limiters (in-flight permits) and the bounded priority queue in front of them.
+
+One queue serves every upstream so a request waits once and goes to whichever eligible, healthy
+upstream frees a permit first; ties go to the upstream with the most free permits. The queue knows an
+upstream only as an :class:`AdmissionTarget` (a name, health, a limiter), and a :class:`Permit` carries
+the target it was granted on, so whoever holds one has its upstream. The queue is
+ordered by priority (higher first), FIFO within a priority. Nothing here does I/O: the clock is
+injected, waiting is an ``asyncio.Future`` the caller awaits, and a caller that goes away (client
+disconnect, timeout) is removed before it can reach an upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+
+class Limiter:
+    """In-flight permits for one upstream. The limit may change at any time; lowering it below the
+    current in-flight count never cancels running requests, it only stops new admissions."""
+
+    def __init__(self, name: str, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self.name = name
+        self.limit = limit
+        self.inflight = 0
+        self._peak = 0
+
+    @property
+    def free(self) -> int:
+        return max(self.limit - self.inflight, 0)
+
+    @property
+    def has_room(self) -> bool:
+        return self.inflight < self.limit
+
+    def set_limit(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self.limit = limit
+
+    def acquire(self) -> None:
+        self.inflight += 1
+        if self.inflight > self._peak:
+            self._peak = self.inflight
+
+    def release(self) -> None:
+        if self.inflight <= 0:
+            raise RuntimeError(f"release without acquire on {self.name}")
+        self.inflight -= 1
+
+    def take_peak(self) -> int:
+        """Highest in-flight count since the last call (at least the current one); resets the mark."""
+        peak = max(self._peak, self.inflight)
+        self._peak = self.inflight
+        return peak
+
+
+class AdmissionError(Exception):
+    """A request the gateway refuses; carries what the HTTP layer needs to answer it."""
+
+    status = 503
+    reason = "rejected"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QueueFull(AdmissionError):
+    status = 429
+    reason = "queue_full"
+
+
+class QueueTimeout(AdmissionError):
+    status = 503
+    reason = "queue_timeout"
+
+
+class NoHealthyUpstream(AdmissionError):
+    status = 503
+    reason = "no_upstream"
+
+
+class AdmissionTarget(Protocol):
+    """What the queue admits onto: an upstream, as far as admission cares."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def limiter(self) -> Limiter: ...
+
+
+T = TypeVar("T", bound=AdmissionTarget)
+
+
+def _available(target: AdmissionTarget) -> bool:
+    return target.healthy and target.limiter.has_room
+
+
+@dataclass(eq=False)
+class Permit(Generic[T]):
+    """Held while a request runs on ``target``; release it exactly once through the queue."""
+
+    target: T
+    admitted: float
+    released: bool = False
+
+    @property
+    def limiter(self) -> Limiter:
+        return self.target.limiter
+
+
+@dataclass(order=True)
+class _Waiter(Generic[T]):
+    key: tuple[int, int]
+    future: asyncio.Future[Permit[T]] = field(compare=False)
+    eligible: Collection[str] | None = field(compare=False)
+    enqueued: float = field(compare=False)
+    gone: bool = field(default=False, compare=False)  # left the queue: admitted, timed out or cancelled
+
+
+class AdmissionQueue(Generic[T]):
+    """Hands out permits on a set of targets (upstreams), queueing up to ``max_queue`` requests."""
+
+    def __init__(
+        self,
+        targets: Collection[T],
+        *,
+        max_queue: int,
+        clock: Callable[[], float] = time.monotonic,
+        drain_horizon_s: float = 30.0,
+    ) -> None:
+        self.targets: dict[str, T] = {target.name: target for target in targets}
+        self.max_queue = max_queue
+        self._clock = clock
+        self._heap: list[_Waiter[T]] = []
+        self._waiting = 0  # live (not cancelled) waiters; the heap may still hold cancelled ones
+        self._seq = itertools.count()
+        self._releases: deque[float] = deque()
+        self._drain_horizon_s = drain_horizon_s
+
+    # --- state -----------------------------------------------------------------------------------
+    @property
+    def depth(self) -> int:
+        return self._waiting
+
+    def depth_for(self, name: str) -> int:
+        """Queued requests that ``name`` could serve: the demand this upstream's limit holds back."""
+        if len(self.targets) == 1:
+            return self._waiting
+        return sum(1 for w in self._heap if not w.gone and (w.eligible is None or name in w.eligible))
+
+    def drain_rate(self) -> float:
+        """Permits released per second over the recent past: how fast the queue moves."""
+        now = self._clock()
+        cutoff = now - self._drain_horizon_s
+        while self._releases and self._releases[0] < cutoff:
+            self._releases.popleft()
+        if not self._releases:
+            return 0.0
+        span = max(now - self._releases[0], 1.0)
+        return len(self._releases) / span
+
+    def retry_after(self, ahead: int | None = None) -> int:
+        """Seconds until a request joining behind ``ahead`` others would likely be admitted (1..60)."""
+        ahead = self._waiting if ahead is None else ahead
+        rate = self.drain_rate()
+        if rate <= 0:
+            return 5
+        return int(min(max(math.ceil((ahead + 1) / rate), 1), 60))
+
+    def _candidates(self, eligible: Collection[str] | None) -> list[T]:
+        if eligible is None:
+            return list(self.targets.values())
+        return [self.targets[name] for name in eligible if name in self.targets]
+
+    def _best(self, eligible: Collection[str] | None) -> T | None:
+        best: T | None = None
+        for target in self._candidates(eligible):
+            if _available(target) and (best is None or target.limiter.free > best.limiter.free):
+                best = target
+        return best
+
+    def _grant(self, target: T) -> Permit[T]:
+        target.limiter.acquire()
+        return Permit(target, self._clock())
+
+    # --- acquiring -------------------------------------------------------------------------------
+    async def acquire(
+        self, *, priority: int = 0, eligible: Collection[str] | None = None, timeout_s: float
+    ) -> Permit[T]:
+        """Wait for a permit on one of the ``eligible`` upstreams (all when None).
+
+        Raises :class:`NoHealthyUpstream` at once when none of them is healthy, :class:`QueueFull`
+        when the queue is at ``max_queue``, :class:`QueueTimeout` after ``timeout_s``. If the caller
+        is cancelled (its client went away) it leaves the queue and never holds a permit.
+        """
+        candidates = self._candidates(eligible)
+        if not any(target.healthy for target in candidates):
+            raise NoHealthyUpstream("no healthy upstream serves this request", retry_after_s=2)
+        if self._waiting == 0:
+            target = self._best(eligible)
+            if target is not None:
+                return self._grant(target)
+        if self._waiting >= self.max_queue:
+            raise QueueFull(
+                f"the gateway's queue is full ({self.max_queue} waiting)", retry_after_s=self.retry_after()
+            )
+        loop = asyncio.get_running_loop()
+        waiter: _Waiter[T] = _Waiter((-priority, next(self._seq)), loop.create_future(), eligible, self._clock())
+        heapq.heappush(self._heap, waiter)
+        self._waiting += 1
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter.future), timeout_s)
+        except BaseException as exc:
+            self._abandon(waiter)
+            if isinstance(exc, TimeoutError):
+                raise QueueTimeout(
+                    f"waited {timeout_s:g}s in the gateway's queue without a free slot",
+                    retry_after_s=self.retry_after(),
+                ) from None
+            raise
+
+    def _abandon(self, waiter: _Waiter[T]) -> None:
+        """Take a waiter out (timed out or cancelled); if a permit raced in, hand it back."""
+        if waiter.future.done() and not waiter.future.cancelled():
+            self.release(waiter.future.result())
+            return
+        if not waiter.gone:
+            waiter.gone = True
+            waiter.future.cancel()
+            self._waiting -= 1
+
+    def release(self, permit: Permit[T]) -> None:
+        """Return a permit (idempotent) and admit whoever can now run."""
+        if permit.released:
+            return
+        permit.released = True
+        permit.limiter.release()
+        self._releases.append(self._clock())
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        """Admit queued requests while some eligible upstream has a free permit.
+
+        Call it after anything that frees capacity: a release, a raised limit, an upstream turning
+        healthy. Waiters are taken in priority order; a waiter whose upstreams are all busy does not
+        block the ones behind it that can go elsewhere.
+        """
+        if not self._waiting:
+            return
+        skipped: list[_Waiter[T]] = []
+        while self._heap:
+            waiter = heapq.heappop(self._heap)
+            if waiter.gone:
+                continue
+            target = self._best(waiter.eligible)
+            if target is None:
+                skipped.append(waiter)
+                if not any(_available(t) for t in self.targets.values()):
+                    break
+                continue
+            self._waiting -= 1
+            waiter.gone = True
+            waiter.future.set_result(self._grant(target))
+        for waiter in skipped:
+            heapq.heappush(self._heap, waiter)
+
+    def try_acquire(self, eligible: Collection[str]) -> Permit[T] | None:
+        """A permit right now on one of ``eligible`` or None; used to fail over without queueing."""
+        target = self._best(eligible)
+        return None if target is None else self._grant(target)

@@ -1,0 +1,105 @@
+"""``create_app(settings)``: builds the gateway's parts and wires them into a FastAPI app;
+``create_server_app`` puts the proxied routes' fast path in front of it, which is what the server runs.
+
+No request logic lives here; the routes are in ``gateway.server.routes``, the parts in ``gateway.server.parts`` and the
+background loops in ``gateway.server.loops``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.types import ASGIApp
+
+from gateway import __version__
+from gateway.server.control_loop import ControlLoop
+from gateway.server.errors import error_response
+from gateway.server.health import health_tick
+from gateway.server.loops import every
+from gateway.server.parts import Gateway
+from gateway.server.routes import ops as ops_routes
+from gateway.server.routes import proxied as proxied_routes
+from gateway.server.upstreams import Upstream
+from gateway.settings import Settings
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.nvml import GpuSource
+
+
+def _bind_gauges(gateway: Gateway) -> None:
+    """Gauges read at scrape time from the live objects: no bookkeeping on the request path."""
+    metrics = gateway.metrics
+    metrics.queue_depth.set_function(lambda: gateway.queue.depth)
+    for upstream in gateway.pool:
+        _bind_upstream_gauges(metrics, upstream)
+
+
+def _bind_upstream_gauges(metrics: GatewayMetrics, upstream: Upstream) -> None:
+    name, limiter = upstream.name, upstream.limiter
+    metrics.inflight.labels(name).set_function(lambda: limiter.inflight)
+    metrics.limit.labels(name).set_function(lambda: limiter.limit)
+    metrics.upstream_healthy.labels(name).set_function(lambda: int(upstream.healthy))
+
+
+def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source: GpuSource | None = None) -> FastAPI:
+    """The gateway app. ``gpu_source`` replaces NVML (tests without a GPU pass a fake)."""
+    gateway = gateway or Gateway.build(settings)
+    _bind_gauges(gateway)
+    control_loop = ControlLoop.build(gateway, gpu_source)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        poll = health_tick(gateway)
+        await poll()  # know health and models before the first request
+        control_loop.start()
+        loops = [
+            every(settings.health_interval_s, poll, "health poll"),
+            every(settings.metrics_interval_s, control_loop.scrape, "backend scrape"),
+            every(settings.nvml_interval_s, control_loop.read_gpus, "NVML read"),
+        ]
+        if control_loop.controls:
+            loops.append(every(settings.control_interval_s, control_loop.control, "controller tick"))
+        tasks = [asyncio.create_task(loop) for loop in loops]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            control_loop.close()
+            await gateway.client.close()
+
+    app = FastAPI(title="sweetspot", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.gateway = gateway
+    app.state.control_loop = control_loop
+    app.include_router(proxied_routes.router)
+    app.include_router(ops_routes.router)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            message = f"unknown route: {request.method} {request.url.path}"
+            return error_response(404, message, code="unknown_route")
+        return error_response(exc.status_code, str(exc.detail), code="http_error")
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> Response:
+        return error_response(500, "internal error in the gateway", code="internal_error")
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return error_response(400, str(exc), code="invalid_request")
+
+    return app
+
+
+def create_server_app(settings: Settings) -> ASGIApp:
+    """What ``sweetspot serve`` runs: :func:`create_app` behind :class:`~gateway.server.routes.proxied.ProxiedRoutes`,
+    which serves the proxied POST routes ahead of FastAPI's layers."""
+    app = create_app(settings)
+    return proxied_routes.ProxiedRoutes(app, app.state.gateway)

@@ -1,0 +1,107 @@
+"""Per-request measurement: one :class:`RequestTracker` follows a request from arrival to its last
+byte and, when it ends, writes a :class:`RequestSample` into its upstream's window and the metrics.
+
+Streamed tokens are credited to the window as they arrive, then corrected with the usage the upstream
+reports at the end, so the controller sees throughput while long streams are still running and the
+totals still match the backend's own count.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gateway.control.window import Outcome, RequestSample
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.server.upstreams import Upstream
+
+
+@dataclass
+class RequestTracker:
+    arrived: float
+    clock: Callable[[], float] = time.monotonic
+    upstream: Upstream | None = None
+    admitted: float | None = None
+    queue_wait: float = 0.0
+    first_token: float | None = None
+    streamed_tokens: int = 0
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    streamed: bool = False
+    done: bool = field(default=False, repr=False)
+
+    def admit(self, upstream: Upstream, admitted: float, queue_wait: float) -> None:
+        self.upstream = upstream
+        self.admitted = admitted
+        self.queue_wait = queue_wait
+
+    def switch(self, upstream: Upstream) -> None:
+        """The request failed over to another upstream before any byte was streamed."""
+        self.upstream = upstream
+
+    def tokens(self, count: int, now: float) -> None:
+        """``count`` output tokens just arrived on the stream."""
+        if self.first_token is None:
+            self.first_token = now
+        self.streamed_tokens += count
+        assert self.upstream is not None
+        self.upstream.window.add_tokens(now, count)
+
+    def usage(self, usage: dict) -> None:
+        prompt = usage.get("prompt_tokens")
+        output = usage.get("completion_tokens")
+        if isinstance(prompt, int):
+            self.prompt_tokens = prompt
+        if isinstance(output, int):
+            self.output_tokens = output
+
+    def failed_attempt(self, metrics: GatewayMetrics) -> None:
+        """The current upstream failed before answering and the request moves on to another one:
+        its window still learns of the error, the request itself is not finished."""
+        assert self.upstream is not None and self.admitted is not None
+        now = self.clock()
+        self.upstream.window.add(RequestSample(
+            arrived=self.arrived, admitted=self.admitted, finished=now, first_token=None,
+            prompt_tokens=0, output_tokens=0, outcome=Outcome.UPSTREAM_ERROR, streamed=self.streamed,
+        ))
+        metrics.child(metrics.upstream_requests, self.upstream.name, Outcome.UPSTREAM_ERROR.value).inc()
+
+    def finish(self, outcome: Outcome, metrics: GatewayMetrics) -> RequestSample | None:
+        """Record the request once (later calls are no-ops). Returns the sample it recorded."""
+        if self.done or self.upstream is None or self.admitted is None:
+            return None
+        self.done = True
+        now = self.clock()
+        upstream = self.upstream
+        output = self.output_tokens if self.output_tokens is not None else self.streamed_tokens
+        correction = output - self.streamed_tokens
+        if correction:
+            upstream.window.add_tokens(now, correction)
+        sample = RequestSample(
+            arrived=self.arrived,
+            admitted=self.admitted,
+            finished=now,
+            first_token=self.first_token if self.streamed else None,
+            prompt_tokens=self.prompt_tokens or 0,
+            output_tokens=output,
+            outcome=outcome,
+            streamed=self.streamed,
+        )
+        upstream.window.add(sample)
+        label = upstream.name
+        child = metrics.child
+        child(metrics.upstream_requests, label, outcome.value).inc()
+        if self.prompt_tokens:
+            child(metrics.prompt_tokens, label).inc(self.prompt_tokens)
+        if output > 0:
+            child(metrics.output_tokens, label).inc(output)
+        if outcome is Outcome.OK:
+            child(metrics.e2e, label).observe(sample.e2e)
+            ttft, upstream_ttft, tpot = sample.ttft, sample.upstream_ttft, sample.tpot
+            if ttft is not None and upstream_ttft is not None:
+                child(metrics.ttft, label).observe(ttft)
+                child(metrics.upstream_ttft, label).observe(upstream_ttft)
+            if tpot is not None:
+                child(metrics.tpot, label).observe(tpot)
+        return sample

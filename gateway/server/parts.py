@@ -1,0 +1,44 @@
+"""The gateway's run-time parts, built once per app from the settings and shared by the routes and the loops."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway import __version__
+from gateway.control.window import SlidingWindow
+from gateway.server.admission import AdmissionQueue, Limiter
+from gateway.server.upstream_client import UpstreamClient
+from gateway.server.upstreams import Upstream, UpstreamPool
+from gateway.settings import Settings
+from gateway.telemetry.metrics import GatewayMetrics
+
+
+@dataclass
+class Gateway:
+    settings: Settings
+    pool: UpstreamPool
+    queue: AdmissionQueue[Upstream]
+    client: UpstreamClient
+    metrics: GatewayMetrics
+    clock: Callable[[], float] = time.monotonic
+
+    @classmethod
+    def build(cls, settings: Settings, *, clock: Callable[[], float] = time.monotonic) -> Gateway:
+        if not settings.upstreams:
+            raise ValueError("no upstream configured: pass --upstream URL or set SWEETSPOT_UPSTREAMS")
+        metrics = GatewayMetrics()
+        upstreams = [
+            Upstream(url, Limiter(url, settings.initial_limit), SlidingWindow(settings.window_s))
+            for url in settings.upstreams
+        ]
+        queue = AdmissionQueue(upstreams, max_queue=settings.max_queue, clock=clock)
+        client = UpstreamClient(
+            connect_timeout_s=settings.connect_timeout_s,
+            total_timeout_s=settings.upstream_timeout_s,
+            metrics=metrics,
+        )
+        metrics.info.info({"version": __version__})
+        metrics.queue_capacity.set(settings.max_queue)
+        return cls(settings, UpstreamPool(upstreams), queue, client, metrics, clock)

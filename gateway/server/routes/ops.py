@@ -1,0 +1,71 @@
+"""Operational endpoints: liveness, readiness, Prometheus metrics and a JSON view of the state."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import JSONResponse, Response
+
+from gateway.server.control_loop import ControlLoop
+from gateway.server.parts import Gateway
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz() -> Response:
+    """Alive: the process answers. Says nothing about the upstreams (that is /readyz)."""
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> Response:
+    """Ready when at least one upstream is healthy; 503 otherwise, so load balancers look elsewhere."""
+    gateway: Gateway = request.app.state.gateway
+    upstreams = {u.name: {"healthy": u.healthy, "error": u.health_error} for u in gateway.pool}
+    ready = gateway.pool.any_healthy()
+    return JSONResponse({"ready": ready, "upstreams": upstreams}, status_code=200 if ready else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/state")
+async def state(request: Request) -> Response:
+    """Each upstream's limiter, window statistics and controller state, plus the queue."""
+    gateway: Gateway = request.app.state.gateway
+    control_loop: ControlLoop = request.app.state.control_loop
+    now = gateway.clock()
+    upstreams = []
+    for upstream in gateway.pool:
+        limiter = upstream.limiter
+        entry = {
+            "url": upstream.url,
+            "healthy": upstream.healthy,
+            "health_error": upstream.health_error,
+            "models": [m.get("id") for m in upstream.models] if upstream.models is not None else None,
+            "limit": limiter.limit,
+            "inflight": limiter.inflight,
+            "streams_keep_alive": upstream.streams_keep_alive,
+            "window": upstream.window.stats(now).as_dict(),
+        }
+        controller = control_loop.controls.get(upstream.name)
+        if controller is not None:
+            entry["controller"] = controller.state()
+        scraper = control_loop.scrapers.get(upstream.name)
+        if scraper is not None:
+            snapshot = scraper.latest
+            entry["backend"] = {**dataclasses.asdict(snapshot), "age_s": snapshot.age(now)}
+        upstreams.append(entry)
+    queue = {
+        "depth": gateway.queue.depth,
+        "max_queue": gateway.queue.max_queue,
+        "drain_rate_per_s": round(gateway.queue.drain_rate(), 3),
+        "retry_after_s": gateway.queue.retry_after(),
+    }
+    return JSONResponse({"queue": queue, "upstreams": upstreams})

@@ -1,0 +1,334 @@
+"""The OpenAI-compatible routes: validate, queue for a permit, forward, stream back, measure.
+
+Order of checks follows what is cheapest to refuse first (auth, size, JSON, fields, model), so bad
+requests never take a queue place or an upstream slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.server.admission import AdmissionError, Permit
+from gateway.server.errors import error_response
+from gateway.server.routes.inbound import ClientGone, DisconnectWatch, RequestHeaders, read_body
+from gateway.server.routes.validation import (
+    BadRequest,
+    ChatRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    parse_body,
+    with_usage_requested,
+)
+from gateway.control.window import Outcome
+from gateway.server.parts import Gateway
+from gateway.server.measure import RequestTracker
+from gateway.server.sse import SSEFilter
+from gateway.server.streaming import ProxyStreamResponse
+from gateway.server.upstream_client import UpstreamReply, UpstreamUnavailable
+from gateway.server.upstream_headers import request_headers
+from gateway.server.upstreams import Upstream
+
+router = APIRouter()
+log = logging.getLogger("sweetspot.api")
+
+
+@dataclass(frozen=True)
+class Route:
+    path: str
+    schema: type
+    streams: bool
+
+
+CHAT = Route("/v1/chat/completions", ChatRequest, True)
+COMPLETIONS = Route("/v1/completions", CompletionRequest, True)
+EMBEDDINGS = Route("/v1/embeddings", EmbeddingRequest, False)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _Forward(request.app.state.gateway, request.scope, request.receive, CHAT).run()
+
+
+async def completions(request: Request) -> Response:
+    return await _Forward(request.app.state.gateway, request.scope, request.receive, COMPLETIONS).run()
+
+
+async def embeddings(request: Request) -> Response:
+    return await _Forward(request.app.state.gateway, request.scope, request.receive, EMBEDDINGS).run()
+
+
+# Plain Starlette routes (FastAPI's dependency solving buys nothing for a handler that reads its own
+# body); they answer a wrong method with 405. POSTs are served before routing by ProxiedRoutes.
+for _route, _endpoint in ((CHAT, chat_completions), (COMPLETIONS, completions), (EMBEDDINGS, embeddings)):
+    router.add_route(_route.path, _endpoint, methods=["POST"])
+
+# Seconds a client is told to wait after an upstream's own 503 that named no time (a model loading).
+UPSTREAM_RETRY_AFTER_S = 1
+
+PROXIED = {route.path: route for route in (CHAT, COMPLETIONS, EMBEDDINGS)}
+
+
+class ProxiedRoutes:
+    """The ASGI app the server runs: serves the proxied POST routes itself and hands everything else
+    (other routes, wrong methods, the lifespan) to the FastAPI app.
+
+    Why: every layer between the server and a handler costs each request a few calls and wraps ``send``
+    (a streamed reply pays every wrapper once per chunk), and FastAPI puts five of them there; the hot
+    routes skip all of them (``python -m bench.overhead`` measures the whole path; the README has the figures).
+    Nothing is lost: :class:`_Forward` turns every exception into an OpenAI-shaped answer itself, and the
+    same routes are registered in the FastAPI app too, so served either way they behave the same.
+    """
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = PROXIED.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        response = await _Forward(self.gateway, scope, receive, route).run()
+        await response(scope, receive, send)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    denied = check_auth(gateway, request.headers.get("authorization"))
+    if denied is not None:
+        return denied
+    return JSONResponse({"object": "list", "data": gateway.pool.all_models()})
+
+
+def check_auth(gateway: Gateway, authorization: str | None) -> Response | None:
+    """401 unless the ``Authorization`` header carries one of the configured client keys (no keys: open)."""
+    keys = gateway.settings.api_keys
+    if not keys:
+        return None
+    header = authorization or ""
+    token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    if token and any(hmac.compare_digest(token, key) for key in keys):
+        return None
+    gateway.metrics.rejections.labels("unauthorized").inc()
+    return error_response(401, "invalid or missing API key", code="invalid_api_key", reason="unauthorized")
+
+
+class _Forward:
+    """One proxied request. A class only to keep its many steps readable; it lives for one request."""
+
+    def __init__(self, gateway: Gateway, scope: Scope, receive: Receive, route: Route) -> None:
+        self.receive = receive
+        self.route = route
+        self.gateway = gateway
+        self.tracker = RequestTracker(arrived=self.gateway.clock(), clock=self.gateway.clock)
+        self.headers = RequestHeaders(scope["headers"], self.gateway.settings.priority_header)
+        self.request_id = self.headers.request_id or secrets.token_hex(16)
+        self.permit: Permit[Upstream] | None = None  # the permit held right now, for the last-resort clean-up
+
+    def _answer(self, response: Response) -> Response:
+        if not isinstance(response, ProxyStreamResponse):  # a stream is built with it
+            response.headers["x-request-id"] = self.request_id
+        metrics = self.gateway.metrics
+        metrics.child(metrics.requests, self.route.path, str(response.status_code)).inc()
+        return response
+
+    def _refuse(self, status: int, message: str, reason: str, *, code: str | None = None,
+                param: str | None = None, retry_after_s: int | None = None) -> Response:
+        self.gateway.metrics.rejections.labels(reason).inc()
+        return self._answer(error_response(status, message, code=code or reason, param=param, reason=reason,
+                                           retry_after_s=retry_after_s))
+
+    async def run(self) -> Response:
+        gateway = self.gateway
+        denied = check_auth(gateway, self.headers.authorization)
+        if denied is not None:
+            return self._answer(denied)
+        try:
+            body = await read_body(self.receive, limit=gateway.settings.max_body_bytes,
+                                   declared_length=self.headers.content_length)
+        except ClientGone:  # left while sending its body
+            gateway.metrics.rejections.labels("client_disconnected").inc()
+            return self._answer(Response(status_code=499))
+        if body is None:
+            return self._refuse(413, f"request body exceeds {gateway.settings.max_body_bytes} bytes",
+                                "body_too_large")
+        try:
+            parsed = parse_body(self.route.schema, body)
+            priority = self._priority()
+        except BadRequest as exc:
+            return self._refuse(400, str(exc), "bad_request", code=exc.code or "invalid_request", param=exc.param)
+        model: str = parsed.model  # type: ignore[attr-defined]
+        eligible = gateway.pool.eligible(model)
+        if not eligible:
+            return self._refuse(404, f"the model `{model}` does not exist on any upstream", "model_not_found",
+                                param="model")
+        stream = bool(getattr(parsed, "stream", False)) and self.route.streams
+        forward_usage = True
+        if stream:
+            options = parsed.stream_options  # type: ignore[attr-defined]
+            forward_usage = bool(options and options.get("include_usage"))
+            if not forward_usage:
+                # Ask for usage so token counts are always known; the usage chunk is dropped on the way back.
+                body = with_usage_requested(body, options)
+        watch = DisconnectWatch(self.receive)
+        handed_off = False
+        try:
+            permit = await self._admit(eligible, priority, watch)
+            response = await self._send(permit, eligible, body, stream, forward_usage, watch)
+            handed_off = isinstance(response, ProxyStreamResponse)
+            return self._answer(response)
+        except AdmissionError as exc:
+            return self._refuse(exc.status, str(exc), exc.reason, retry_after_s=exc.retry_after_s)
+        except ClientGone:
+            return self._answer(Response(status_code=499))  # nobody reads it; counted for the metrics
+        except Exception:
+            # A bug or an upstream failure nobody foresaw: the client still gets OpenAI's shape, and the
+            # permit is returned (release and finish are idempotent).
+            log.exception("request %s failed unexpectedly", self.request_id)
+            if self.permit is not None:
+                self._release(self.permit, Outcome.UPSTREAM_ERROR)
+            return self._answer(error_response(500, "internal error in the gateway", code="internal_error"))
+        finally:
+            if not handed_off:
+                watch.stop()
+
+    def _priority(self) -> int:
+        raw = self.headers.priority
+        if raw is None:
+            return 0
+        try:
+            return int(raw)
+        except ValueError:
+            raise BadRequest(f"header {self.gateway.settings.priority_header} must be an integer",
+                             param=self.gateway.settings.priority_header) from None
+
+    async def _admit(self, eligible: list[str], priority: int, watch: DisconnectWatch) -> Permit[Upstream]:
+        """Wait for a permit; a client that leaves first raises ClientGone and never reaches an upstream."""
+        gateway = self.gateway
+        waited_from = gateway.clock()
+        try:
+            permit = await watch.guard(gateway.queue.acquire(
+                priority=priority, eligible=eligible, timeout_s=gateway.settings.queue_timeout_s))
+        except ClientGone:
+            gateway.metrics.rejections.labels("client_disconnected").inc()
+            raise
+        self.permit = permit
+        queue_wait = permit.admitted - waited_from
+        gateway.metrics.queue_wait.observe(queue_wait)
+        self.tracker.admit(permit.target, permit.admitted, queue_wait)
+        return permit
+
+    async def _send(self, permit: Permit[Upstream], eligible: list[str], body: bytes, stream: bool, forward_usage: bool,
+                    watch: DisconnectWatch) -> Response:
+        """Forward with one failover to another upstream for failures before any byte; owns ``permit``
+        until a streaming response takes it over."""
+        gateway = self.gateway
+        self.tracker.streamed = stream
+        tried: set[str] = set()
+        while True:
+            upstream = permit.target
+            headers = request_headers(gateway.settings.upstream_api_key, self.headers.authorization,
+                                      self.request_id, stream=stream, keep_alive=upstream.streams_keep_alive)
+            if not tried:
+                gateway.metrics.overhead.observe(
+                    max(gateway.clock() - self.tracker.arrived - self.tracker.queue_wait, 0.0))
+            tried.add(upstream.name)
+            self.tracker.switch(upstream)
+            try:
+                reply = await watch.guard(gateway.client.send(upstream.url, self.route.path, body, headers))
+            except ClientGone:
+                self._release(permit, Outcome.CLIENT_CANCELLED)
+                raise
+            except UpstreamUnavailable as exc:
+                if exc.connect_failed:
+                    upstream.mark_down(str(exc))  # the health poll brings it back
+                others = [name for name in eligible if name not in tried]
+                alternative = gateway.queue.try_acquire(others) if others else None
+                if alternative is not None:
+                    gateway.metrics.upstream_retries.labels(upstream.name, "failover").inc()
+                    self.tracker.failed_attempt(gateway.metrics)
+                    gateway.queue.release(permit)
+                    permit = self.permit = alternative
+                    continue
+                return self._finish(permit, Outcome.UPSTREAM_ERROR, self._upstream_failure(exc))
+            except asyncio.TimeoutError:
+                return self._finish(permit, Outcome.TIMED_OUT,
+                                    error_response(504, "the upstream did not answer in time", code="upstream_timeout"))
+            if stream and reply.status == 200:
+                return self._stream(permit, reply, forward_usage, watch)
+            return await self._buffered(permit, reply, watch)
+
+    def _upstream_failure(self, exc: UpstreamUnavailable) -> Response:
+        """The last upstream failed before answering. An OpenAI-shaped error body of its own (llama-server's
+        "Loading model") is passed on; anything else becomes the gateway's 502/503. A 503 always carries
+        Retry-After (the upstream's, else one the SDK waits out), since 503 means "try again soon"."""
+        response: Response | None = None
+        if exc.status is not None and exc.body:
+            try:
+                payload = json.loads(exc.body)
+            except ValueError:
+                payload = None
+            if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+                response = Response(exc.body, status_code=exc.status, media_type="application/json")
+        if response is None:
+            status = 503 if exc.status == 503 else 502
+            response = error_response(status, f"upstream failure: {exc}", code="upstream_unavailable")
+        if response.status_code == 503:
+            response.headers["retry-after"] = exc.retry_after or str(UPSTREAM_RETRY_AFTER_S)
+        return response
+
+    def _stream(self, permit: Permit[Upstream], reply: UpstreamReply, forward_usage: bool, watch: DisconnectWatch) -> Response:
+        sse = SSEFilter(self.tracker, self.gateway.clock, forward_usage=forward_usage)
+
+        def done(outcome: Outcome) -> None:
+            watch.stop()
+            self._release(permit, outcome)
+
+        return ProxyStreamResponse(reply, sse, request_id=self.request_id, absorb_cancel=watch.absorb,
+                                   on_done=done)
+
+    async def _buffered(self, permit: Permit[Upstream], reply: UpstreamReply, watch: DisconnectWatch) -> Response:
+        try:
+            payload = await watch.guard(reply.response.read())
+        except ClientGone:
+            reply.close()
+            self._release(permit, Outcome.CLIENT_CANCELLED)
+            raise
+        except asyncio.TimeoutError:
+            reply.close()
+            return self._finish(permit, Outcome.TIMED_OUT,
+                                error_response(504, "the upstream did not answer in time", code="upstream_timeout"))
+        except Exception as exc:  # aiohttp.ClientError and friends: the body broke off
+            reply.close()
+            return self._finish(permit, Outcome.UPSTREAM_ERROR,
+                                error_response(502, f"upstream failed while answering: {type(exc).__name__}",
+                                               code="upstream_disconnected"))
+        reply.response.release()
+        status = reply.status
+        outcome = Outcome.OK if status < 400 else Outcome.CLIENT_ERROR if status < 500 else Outcome.UPSTREAM_ERROR
+        if status == 200:
+            try:
+                usage = json.loads(payload).get("usage")
+            except (ValueError, AttributeError):
+                usage = None
+            if isinstance(usage, dict):
+                self.tracker.usage(usage)
+        content_type = reply.response.headers.get("content-type", "application/json")
+        return self._finish(permit, outcome, Response(payload, status_code=status, media_type=content_type))
+
+    def _release(self, permit: Permit[Upstream], outcome: Outcome) -> None:
+        self.tracker.finish(outcome, self.gateway.metrics)
+        self.gateway.queue.release(permit)
+
+    def _finish(self, permit: Permit[Upstream], outcome: Outcome, response: Response) -> Response:
+        self._release(permit, outcome)
+        return response

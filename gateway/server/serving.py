@@ -1,0 +1,126 @@
+"""Serve an ASGI app under uvicorn (uvloop + httptools) and announce where it listens; ``run`` is what
+``sweetspot serve`` calls: settings in, the gateway served.
+
+The socket is bound before uvicorn starts, so ``port=0`` works: the kernel picks a free port and the
+announcement line (``<name> listening on http://HOST:PORT``) carries it. Tests, benchmarks and the
+demo start servers with ``--port 0`` and read the URL from that line.
+
+Every server here runs on :class:`NumericConnectLoop` (uvloop, without a resolver thread hop for
+numeric addresses) and freezes its start-up heap out of the garbage collector once it is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import socket
+import sys
+from collections.abc import Callable
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+import uvloop
+from starlette.types import ASGIApp
+
+from gateway.settings import load_settings
+
+
+def run(config: Path | None = None, **flags: Any) -> None:
+    """Build the gateway from settings (flags, env, TOML) and serve it until SIGINT/SIGTERM."""
+    from gateway.server.app import create_server_app
+
+    settings = load_settings(config, **flags)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_server_app(settings)
+    serve_app(
+        app, name="sweetspot gateway", host=settings.host, port=settings.port, log_level=settings.log_level,
+        banner=lambda: f"upstreams: {', '.join(settings.upstreams)}",
+    )
+
+
+def serve_app(app: ASGIApp, *, name: str, host: str, port: int, log_level: str = "info",
+              banner: Callable[[], str] | None = None) -> None:
+    """Serve until SIGINT/SIGTERM, printing ``{name} listening on http://HOST:PORT`` once ready."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(4096)
+    bound_port = sock.getsockname()[1]
+    shown_host = f"[{host}]" if family == socket.AF_INET6 else host
+    config = uvicorn.Config(app, http="httptools", loop="uvloop", lifespan="on", log_level=log_level,
+                            access_log=False, timeout_keep_alive=30, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            settle_garbage_collector()
+            if banner is not None:
+                print(banner(), flush=True)
+            print(f"{name} listening on http://{shown_host}:{bound_port}", flush=True)
+        await task
+
+    with asyncio.Runner(loop_factory=NumericConnectLoop) as runner:
+        runner.run(main())
+    sys.stdout.flush()
+
+
+def settle_garbage_collector() -> None:
+    """Move everything alive after start-up out of the cyclic collector's sight (``gc.freeze``).
+
+    Start-up leaves hundreds of thousands of long-lived objects (FastAPI, pydantic, prometheus-client,
+    the gateway's own tables) that every older-generation collection walks again, while a request's
+    own garbage is almost all freed by reference counting. Frozen, they are skipped (``python -m
+    bench.overhead`` shows the CPU per streamed chunk it saves). Garbage made later is collected as before.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+class NumericConnectLoop(uvloop.Loop):
+    """uvloop's loop, connecting sockets to numeric addresses without a resolver round trip.
+
+    ``uvloop.Loop.sock_connect`` resolves every address through ``getaddrinfo`` on libuv's thread pool,
+    even ``127.0.0.1``: a thread hop per new connection. aiohttp connects through it, and llama-server
+    closes the connection after every streamed reply, so each stream would pay the hop on the way to its
+    first token. For a numeric address this connects the way asyncio's own loop does (a
+    non-blocking ``connect``, then wait until writable); names still go through uvloop.
+    """
+
+    async def sock_connect(self, sock: socket.socket, address: tuple) -> None:  # type: ignore[override]
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or not _is_numeric(sock.family, address[0]):
+            await super().sock_connect(sock, address)
+            return
+        try:
+            sock.connect(address)
+            return
+        except (BlockingIOError, InterruptedError):
+            pass
+        connected = self.create_future()
+        fd = sock.fileno()
+        def writable() -> None:
+            if not connected.done():
+                connected.set_result(None)
+
+        self.add_writer(fd, writable)
+        try:
+            await connected
+        finally:
+            self.remove_writer(fd)
+        error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if error:
+            raise OSError(error, f"Connect call failed {address}")
+
+
+def _is_numeric(family: int, host: object) -> bool:
+    try:
+        socket.inet_pton(family, host)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return False
+    return True

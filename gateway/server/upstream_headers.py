@@ -1,0 +1,30 @@
+"""The headers the gateway sends upstream: which credential, and whether a stream keeps its connection."""
+
+from __future__ import annotations
+
+
+def request_headers(upstream_api_key: str | None, authorization: str | None, request_id: str, *, stream: bool,
+                    keep_alive: bool = False) -> dict[str, str]:
+    """Headers for an upstream request: the configured upstream key replaces the client's.
+
+    A streamed request asks for its connection to be closed afterwards unless the upstream is known to
+    keep it usable (``keep_alive``: :attr:`Upstream.streams_keep_alive`, vLLM). llama-server closes it
+    anyway while announcing keep-alive, and such connections, pooled, pile up dead, so a request could
+    draw one on each of its resends and fail. Asked in the request, the server says ``Connection: close``
+    in its reply and the client never pools the connection, however fast the stream ends. vLLM's Python
+    front end, on the other hand, pays for every connection it accepts, and its kept connections behave."""
+    headers = {"content-type": "application/json", "x-request-id": request_id}
+    if stream:
+        headers["accept"] = "text/event-stream"
+        if not keep_alive:
+            headers["connection"] = "close"
+    if upstream_api_key:
+        headers["authorization"] = f"Bearer {upstream_api_key}"
+    elif authorization:
+        headers["authorization"] = authorization
+    return headers
+
+
+def poll_headers(upstream_api_key: str | None) -> dict[str, str]:
+    """Headers for the gateway's own requests (health poll, backend scrape): only the upstream key."""
+    return {"authorization": f"Bearer {upstream_api_key}"} if upstream_api_key else {}

@@ -1,0 +1,293 @@
+"""The simulator's HTTP face: vLLM's OpenAI-compatible server, backed by the pure engine.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (stream and non-stream),
+``POST /v1/embeddings``, ``GET /v1/models``, ``GET /health``, ``GET /version``, ``GET /metrics``,
+and, only when built with ``admin=True``, ``GET|POST /admin/scenario`` to change the backend
+under a running client (slower, smaller KV cache, failing, stalled).
+
+A client that disconnects aborts its sequence, freeing its KV at once, as vLLM does: for streams
+Starlette cancels the response generator, for whole responses a watcher waits for the ASGI
+``http.disconnect`` message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.sim import shapes, text
+from gateway.sim.engine import Engine, InjectedError
+from gateway.sim.exposition import CONTENT_TYPE, VllmMetrics
+from gateway.sim.profiles import Profile
+from gateway.sim.protocol import BadRequest, GenerationRequest, parse_embedding_inputs, parse_generation
+from gateway.sim.runner import EngineRunner, Handle
+from gateway.server.serving import serve_app
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    profile: Profile
+    model_name: str | None = None  # served name; the profile's model when None
+    time_scale: float = 1.0
+    seed: int = 0
+    admin: bool = False
+    eos_mean_tokens: float | None = None
+    api_key: str | None = None  # like vLLM's --api-key: /v1/* routes then need ``Bearer <key>``
+
+    @property
+    def served_model(self) -> str:
+        return self.model_name or self.profile.model
+
+
+def create_sim_app(config: SimConfig) -> FastAPI:
+    """Build the app; the engine runner starts and stops with the app's lifespan."""
+    profile = config.profile
+    served = config.served_model
+    engine = Engine(profile, seed=config.seed, eos_mean_tokens=config.eos_mean_tokens)
+    metrics = VllmMetrics(profile, served)
+    state: dict[str, EngineRunner] = {}
+    created = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        runner = EngineRunner(engine, metrics, time_scale=config.time_scale)
+        runner.start()
+        state["runner"] = runner
+        try:
+            yield
+        finally:
+            await runner.stop()
+
+    app = FastAPI(title="sweetspot simulator", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.engine = engine
+    if config.api_key:
+        app.add_middleware(_RequireApiKey, key=config.api_key)
+
+    def runner() -> EngineRunner:
+        return state["runner"]
+
+    @app.exception_handler(BadRequest)
+    async def _bad_request(_: Request, exc: BadRequest) -> JSONResponse:
+        return JSONResponse(shapes.error_body(exc.message, exc.err_type, exc.status, exc.param), exc.status)
+
+    async def _json(request: Request) -> Any:
+        try:
+            return await request.json()
+        except ValueError:
+            raise BadRequest("request body is not valid JSON") from None
+
+    async def _generate(request: Request, chat: bool) -> Response:
+        req = parse_generation(await _json(request), chat=chat, served_model=served,
+                               max_model_len=profile.max_model_len)
+        try:
+            handle = runner().submit(req.prompt_tokens, req.max_tokens, ignore_eos=req.ignore_eos)
+        except InjectedError as exc:
+            status = engine.scenario.error_status
+            kind = "ServiceUnavailableError" if status == 503 else "InternalServerError"
+            return JSONResponse(shapes.error_body(str(exc), kind, status), status)
+        base_id = request.headers.get("x-request-id")
+        if req.stream:
+            return StreamingResponse(_stream(handle, req, base_id), media_type="text/event-stream")
+        return await _whole(request, handle, req, base_id)
+
+    async def _stream(handle: Handle, req: GenerationRequest, base_id: str | None) -> AsyncIterator[str]:
+        fmt = shapes.StreamFormat(chat=req.chat, model=served, base_id=base_id)
+        sent = 0
+        try:
+            if req.chat:
+                yield fmt.role_chunk()
+            while True:
+                ready, done = handle.ready, handle.done
+                if ready > sent:
+                    parts = []
+                    while sent < ready:
+                        final = done and sent == ready - 1 and handle.finish_reason in ("length", "stop")
+                        usage = (shapes.usage(req.prompt_tokens, sent + 1) if req.continuous_usage else None)
+                        parts.append(fmt.token(text.word(req.seed, sent),
+                                               handle.finish_reason if final else None,
+                                               None if usage is None else _dumps(usage)))
+                        sent += 1
+                    yield "".join(parts)
+                if done:
+                    break
+                handle.event.clear()
+                await handle.event.wait()
+            if handle.finish_reason not in ("length", "stop"):
+                err = shapes.error_body("the request could not be scheduled (KV cache too small)",
+                                        "InternalServerError", 500)
+                yield "data: " + _dumps(err) + "\n\n"
+            if req.include_usage:
+                yield fmt.usage_chunk(req.prompt_tokens, sent)
+            yield shapes.DONE
+        finally:
+            if not handle.done:
+                runner().abort(handle)
+
+    async def _whole(request: Request, handle: Handle, req: GenerationRequest, base_id: str | None) -> Response:
+        finished = asyncio.ensure_future(handle.wait_done())
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({finished, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not finished.done():
+                finished.cancel()
+                runner().abort(handle)
+        if not handle.done or handle.finish_reason not in ("length", "stop"):
+            if not handle.done:
+                return Response(status_code=499)  # nobody is listening any more
+            return JSONResponse(shapes.error_body("the request could not be scheduled (KV cache too small)",
+                                                  "InternalServerError", 500), 500)
+        body_text = text.generated_text(req.seed, handle.ready)
+        build = shapes.chat_response if req.chat else shapes.completion_response
+        return JSONResponse(build(served, body_text, handle.finish_reason, req.prompt_tokens, handle.ready, base_id))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(request, chat=False)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        inputs, fmt = parse_embedding_inputs(await _json(request), served)
+        data, prompt_tokens = [], 0
+        for i, item in enumerate(inputs):
+            vec = text.embedding(item, profile.embedding_dim)
+            prompt_tokens += text.text_tokens(item)
+            data.append({"index": i, "object": "embedding",
+                         "embedding": text.embedding_base64(vec) if fmt == "base64" else vec})
+        return JSONResponse({
+            "id": shapes.request_id("embd"), "object": "list", "created": int(time.time()), "model": served,
+            "data": data, "usage": shapes.usage(prompt_tokens, 0) | {"prompt_tokens_details": None},
+        })
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return JSONResponse(shapes.models_response(served, profile.model, profile.max_model_len, created))
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> Response:
+        return JSONResponse({"version": "sweetspot-sim"})
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    if config.admin:
+        _add_admin_routes(app, engine, runner)
+    return app
+
+
+class _RequireApiKey:
+    """vLLM's ``--api-key``: every ``/v1/*`` request must carry ``Authorization: Bearer <key>``."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            auth = dict(scope["headers"]).get(b"authorization", b"")
+            if auth != self.expected:
+                await JSONResponse({"error": "Unauthorized"}, 401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _add_admin_routes(app: FastAPI, engine: Engine, runner: Callable[[], EngineRunner]) -> None:
+    """Scenario knobs over HTTP. Stalls are given in wall seconds from now; the rest is unitless."""
+
+    def view() -> dict[str, Any]:
+        r: EngineRunner = runner()
+        sc = dataclasses.asdict(engine.scenario)
+        stall_left = max(0.0, r.to_wall(sc.pop("stalled_until") - r.vnow()))
+        return sc | {
+            "stall_remaining_s": stall_left,
+            "time_scale": r.time_scale,
+            "profile": engine.profile.name,
+            "kv_blocks_total": engine.total_blocks,
+            "kv_blocks_used": engine.used_blocks,
+            "kv_usage": engine.kv_usage,
+            "num_running": engine.num_running,
+            "num_waiting": engine.num_waiting,
+            "num_preemptions": engine.num_preemptions,
+            "lag_resets": r.lag_resets,
+        }
+
+    @app.get("/admin/scenario")
+    async def get_scenario() -> Response:
+        return JSONResponse(view())
+
+    @app.post("/admin/scenario")
+    async def set_scenario(request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise BadRequest("request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        known = {"reset", "speed_factor", "kv_fraction", "max_num_seqs", "error_rate", "error_status",
+                 "stall_s"}
+        unknown = sorted(set(body) - known)
+        if unknown:
+            raise BadRequest(f"unknown scenario knobs: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        r: EngineRunner = runner()
+        if body.get("reset"):
+            engine.reset_scenario()
+        stall = body.get("stall_s")
+        try:
+            engine.set_scenario(
+                speed_factor=body.get("speed_factor"),
+                kv_fraction=body.get("kv_fraction"),
+                max_num_seqs=body.get("max_num_seqs"),
+                error_rate=body.get("error_rate"),
+                error_status=body.get("error_status"),
+                stalled_until=None if stall is None else r.vnow() + float(stall) * r.time_scale,
+            )
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(str(exc)) from None
+        r.scenario_changed()
+        return JSONResponse(view())
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client has gone away (the body has been read, so only disconnect remains)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def serve(config: SimConfig, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> None:
+    """Serve until SIGINT/SIGTERM. Prints ``sweetspot sim listening on http://HOST:PORT`` once ready (the
+    socket is bound first, so ``port=0`` works: tests and the demo read the port the kernel picked)."""
+    p = config.profile
+
+    def banner() -> str:
+        return (f"profile {p.name}: {p.model} on {p.gpu_name}, {p.num_gpu_blocks} KV blocks of "
+                f"{p.block_size} tokens, max_num_seqs {p.max_num_seqs}, time scale {config.time_scale}")
+
+    serve_app(create_sim_app(config), name="sweetspot sim", host=host, port=port, log_level=log_level,
+              banner=banner)

@@ -1,0 +1,339 @@
+"""A discrete-event harness on virtual time: closed-loop clients -> gateway-like queues and limiters ->
+the simulator's pure engine, with the controller ticking as it does in the gateway.
+
+It exists so the controller can be judged on *outcomes* (where the limit settles, the goodput it
+gets) in seconds of CPU, deterministically, against the same continuous-batching engine the HTTP
+simulator runs. Each gateway here is fed exactly as the real proxy feeds its window: output tokens
+credited as each engine step delivers them, one :class:`RequestSample` when a request ends, and the
+limiter's numbers (limit, in-flight, peak in-flight since the last tick, queue depth) at each tick.
+The backend's ``/metrics`` are "scraped" every ``scrape_interval_s`` and can be frozen (stale).
+
+Used by the scenario tests, ``bench/controller_scenarios.py`` and anything else that wants to watch
+the controller work without a network. It imports :mod:`gateway.sim`, so the gateway itself never
+imports this module.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from gateway.control.config import AimdConfig, StartPoint
+from gateway.control.observation import Headroom, LimiterState
+from gateway.control.controller import UpstreamControl
+from gateway.control.window import Outcome, RequestSample, SlidingWindow
+from gateway.sim.engine import Engine, InjectedError, StepResult
+from gateway.sim.profiles import Profile
+
+RETRY_AFTER_ERROR_S = 1.0  # a client whose request failed tries again after this (as an SDK backs off)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Request sizes, uniform in [lo, hi] (tokens), and each client's pause between requests."""
+
+    prompt: tuple[int, int] = (512, 512)
+    output: tuple[int, int] = (512, 512)
+    think_s: float = 0.0
+
+    def draw(self, rng: random.Random) -> tuple[int, int]:
+        return rng.randint(*self.prompt), rng.randint(*self.output)
+
+
+@dataclass(frozen=True, slots=True)
+class Conditions:
+    """What the world looks like during one phase (the unit an oracle is computed for)."""
+
+    clients: tuple[int, ...]  # closed-loop clients per gateway
+    workload: Workload = Workload()
+    speed_factor: float = 1.0  # the backend's step times x this (2.0: twice as slow)
+    error_rate: float = 0.0  # share of submissions the backend fails at once
+    metrics: str = "live"  # "live", "frozen" (stale: the last scrape stays), "none" (never scraped)
+    frozen_headroom: Headroom | None = None  # what a frozen /metrics keeps reporting, if given
+    # The hop from the gateway to the engine: an admitted request reaches the engine after a delay
+    # drawn from [0, hop_s]. Over HTTP it lands at any moment of an engine step and waits in the
+    # backend's queue for the next one, which is what a scrape of the waiting gauge then finds (vLLM
+    # reports it per step). With 0 it is submitted at the step end that freed its permit, and the
+    # engine admits it before anyone could look.
+    hop_s: float = 0.0
+
+
+@dataclass(slots=True)
+class Finished:
+    """One request as the client saw it (times in virtual seconds)."""
+
+    gateway: int
+    sample: RequestSample
+
+
+@dataclass(slots=True)
+class Tick:
+    gateway: int
+    now: float
+    limit: int
+    inflight: int
+    queue: int
+    action: str
+    reason: str
+
+
+@dataclass
+class Trace:
+    """Everything a run produced, for the assertions and the report."""
+
+    finished: list[Finished] = field(default_factory=list)
+    ticks: list[Tick] = field(default_factory=list)
+    kv_usage: list[tuple[float, float]] = field(default_factory=list)
+    waiting: list[tuple[float, int]] = field(default_factory=list)  # the backend's queue at each scrape
+    preemptions: list[tuple[float, int]] = field(default_factory=list)  # (time, cumulative)
+
+    def limits(self, gateway: int = 0) -> list[tuple[float, int]]:
+        return [(t.now, t.limit) for t in self.ticks if t.gateway == gateway]
+
+    def preemptions_between(self, start: float, end: float) -> int:
+        before = max((n for t, n in self.preemptions if t <= start), default=0)
+        after = max((n for t, n in self.preemptions if t <= end), default=0)
+        return after - before
+
+
+@dataclass(slots=True)
+class _Request:
+    gateway: int
+    client: int
+    prompt: int
+    output: int
+    arrived: float
+    admitted: float = 0.0
+    first_token: float | None = None
+    tokens: int = 0
+
+
+class _Gateway:
+    """A gateway's admission path for one upstream: FIFO queue, limiter, window, controller."""
+
+    def __init__(self, index: int, limit: int, window_s: float, control: UpstreamControl | None) -> None:
+        self.index = index
+        self.limit = limit
+        self.inflight = 0
+        self.peak = 0
+        self.queue: deque[_Request] = deque()
+        self.window = SlidingWindow(window_s)
+        self.control = control
+
+
+class Harness:
+    """One backend engine, ``len(conditions.clients)`` gateways in front of it, virtual time.
+
+    With ``static_limit`` set, gateways hold that limit (the oracle's static runs); otherwise each
+    runs an :class:`UpstreamControl` built from ``config``.
+    """
+
+    def __init__(
+        self,
+        profile: Profile,
+        config: AimdConfig,
+        *,
+        gateways: int = 1,
+        seed: int = 0,
+        initial_limit: int = 8,
+        start: StartPoint | None = None,
+        static_limit: int | None = None,
+        control_interval_s: float = 2.0,
+        scrape_interval_s: float = 2.0,
+        hard_cap: int | None = None,
+    ) -> None:
+        self.profile = profile
+        self.config = config
+        self.engine = Engine(profile, seed=seed)
+        self.rng = random.Random(seed * 7919 + 17)
+        self.control_interval_s = control_interval_s
+        self.scrape_interval_s = scrape_interval_s
+        self.hard_cap = hard_cap
+        self.gateways: list[_Gateway] = []
+        for g in range(gateways):
+            control = None
+            if static_limit is None:
+                control = UpstreamControl(f"gw{g}", config, initial_limit=initial_limit, start=start)
+            limit = static_limit if static_limit is not None else control.limit  # type: ignore[union-attr]
+            self.gateways.append(_Gateway(g, limit, config.window_s, control))
+        self.trace = Trace()
+        self.now = 0.0
+        self.conditions: Conditions | None = None
+        self._events: list[tuple[float, int, str, object]] = []
+        self._seq = itertools.count()
+        self._by_sid: dict[int, _Request] = {}
+        self._active: list[set[int]] = [set() for _ in range(gateways)]  # clients that keep sending
+        self._busy: list[set[int]] = [set() for _ in range(gateways)]  # clients with a request out
+        self._step_pending = False
+        self._headroom = Headroom()
+        for g in range(gateways):
+            self._push(control_interval_s * (1 + g / max(gateways, 1) / 7), "tick", g)
+        self._push(0.0, "scrape", None)
+
+    # --- the public driver ---------------------------------------------------------------------
+    def run_phase(self, conditions: Conditions, duration_s: float) -> None:
+        """Apply ``conditions`` now and simulate ``duration_s`` seconds."""
+        if len(conditions.clients) != len(self.gateways):
+            raise ValueError("conditions.clients needs one count per gateway")
+        self.conditions = conditions
+        self.engine.set_scenario(speed_factor=conditions.speed_factor, error_rate=conditions.error_rate)
+        for g, count in enumerate(conditions.clients):
+            wanted = set(range(count))
+            self._active[g] = wanted
+            for client in sorted(wanted - self._busy[g]):
+                self._push(self.now, "arrive", (g, client))
+        if conditions.metrics == "frozen" and conditions.frozen_headroom is not None:
+            self._headroom = conditions.frozen_headroom
+        self._run_until(self.now + duration_s)
+
+    # --- the event loop ------------------------------------------------------------------------
+    def _push(self, at: float, kind: str, payload: object) -> None:
+        heapq.heappush(self._events, (at, next(self._seq), kind, payload))
+
+    def _run_until(self, end: float) -> None:
+        while self._events and self._events[0][0] <= end:
+            at, _, kind, payload = heapq.heappop(self._events)
+            self.now = max(self.now, at)
+            if kind == "step":
+                self._deliver(payload)  # type: ignore[arg-type]
+            elif kind == "arrive":
+                self._arrive(*payload)  # type: ignore[misc]
+            elif kind == "tick":
+                self._tick(payload)  # type: ignore[arg-type]
+            elif kind == "submit":
+                self._submit(payload)  # type: ignore[arg-type]
+            elif kind == "scrape":
+                self._scrape()
+            self._kick()
+        self.now = end
+
+    def open_requests(self) -> list[Finished]:
+        """Requests still in flight, as samples ending now (for goodput windows that end mid-request)."""
+        out = []
+        for request in self._by_sid.values():
+            sample = RequestSample(
+                arrived=request.arrived, admitted=request.admitted, finished=self.now,
+                first_token=request.first_token, prompt_tokens=request.prompt,
+                output_tokens=request.tokens, outcome=Outcome.OK,
+            )
+            out.append(Finished(request.gateway, sample))
+        return out
+
+    def _kick(self) -> None:
+        """Start the engine's next step if it is idle and has work; its results land at its end."""
+        if self._step_pending or not self.engine.has_work:
+            return
+        at = self.engine.next_step_at(self.now)
+        if at is None:
+            return
+        result = self.engine.step(at)
+        if result is None:
+            return
+        self._step_pending = True
+        self._push(result.end, "step", result)
+
+    # --- clients and the gateway's admission ---------------------------------------------------
+    def _arrive(self, g: int, client: int) -> None:
+        if client not in self._active[g] or client in self._busy[g]:
+            return
+        assert self.conditions is not None
+        prompt, output = self.conditions.workload.draw(self.rng)
+        self._busy[g].add(client)
+        gw = self.gateways[g]
+        request = _Request(g, client, prompt, output, arrived=self.now)
+        gw.queue.append(request)
+        self._dispatch(gw)
+
+    def _dispatch(self, gw: _Gateway) -> None:
+        while gw.queue and gw.inflight < gw.limit:
+            request = gw.queue.popleft()
+            request.admitted = self.now
+            gw.inflight += 1
+            gw.peak = max(gw.peak, gw.inflight)
+            hop = self.conditions.hop_s if self.conditions is not None else 0.0
+            if hop > 0:  # drawn only with a hop: runs without one keep their random sequence
+                self._push(self.now + self.rng.uniform(0.0, hop), "submit", request)
+            else:
+                self._submit(request)
+
+    def _submit(self, request: _Request) -> None:
+        try:
+            sid = self.engine.submit(request.prompt, request.output, self.now, ignore_eos=True)
+        except InjectedError:
+            self._end(request, Outcome.UPSTREAM_ERROR)
+            return
+        self._by_sid[sid] = request
+
+    def _end(self, request: _Request, outcome: Outcome) -> None:
+        gw = self.gateways[request.gateway]
+        gw.inflight -= 1
+        sample = RequestSample(
+            arrived=request.arrived, admitted=request.admitted, finished=self.now,
+            first_token=request.first_token, prompt_tokens=request.prompt,
+            output_tokens=request.tokens, outcome=outcome,
+        )
+        gw.window.add(sample)
+        self.trace.finished.append(Finished(request.gateway, sample))
+        self._busy[request.gateway].discard(request.client)
+        assert self.conditions is not None
+        pause = self.conditions.workload.think_s if outcome is Outcome.OK else RETRY_AFTER_ERROR_S
+        self._push(self.now + pause, "arrive", (request.gateway, request.client))
+        self._dispatch(gw)
+
+    def _deliver(self, result: StepResult) -> None:
+        self._step_pending = False
+        credited: dict[int, int] = {}
+        for sid in result.tokens:
+            request = self._by_sid.get(sid)
+            if request is None:
+                continue
+            if request.first_token is None:
+                request.first_token = self.now
+            request.tokens += 1
+            credited[request.gateway] = credited.get(request.gateway, 0) + 1
+        for g, count in credited.items():
+            gw = self.gateways[g]
+            gw.window.add_tokens(self.now, count)
+        for sid in result.finished:
+            request = self._by_sid.pop(sid, None)
+            self.engine.forget(sid)
+            if request is not None:
+                self._end(request, Outcome.OK)
+        if result.preempted:
+            self.trace.preemptions.append((self.now, self.engine.num_preemptions))
+
+    # --- observation and control ---------------------------------------------------------------
+    def _scrape(self) -> None:
+        self._push(self.now + self.scrape_interval_s, "scrape", None)
+        engine = self.engine
+        self.trace.kv_usage.append((self.now, engine.kv_usage))
+        self.trace.waiting.append((self.now, engine.num_waiting))
+        mode = self.conditions.metrics if self.conditions is not None else "live"
+        if mode == "live":
+            self._headroom = Headroom(
+                kv_usage=engine.kv_usage, backend_running=engine.num_running,
+                backend_waiting=engine.num_waiting, preemptions_total=float(engine.num_preemptions),
+                backend_at=self.now,
+            )
+        elif mode == "none":
+            self._headroom = Headroom()
+
+    def _tick(self, g: int) -> None:
+        self._push(self.now + self.control_interval_s, "tick", g)
+        gw = self.gateways[g]
+        limiter = LimiterState(gw.limit, gw.inflight, max(gw.peak, gw.inflight), len(gw.queue))
+        gw.peak = gw.inflight
+        action = reason = "static"
+        if gw.control is not None:
+            decision = gw.control.tick(
+                self.now, gw.window, limiter, self._headroom,
+                hard_cap=self.hard_cap,
+            )
+            action, reason = decision.action.value, decision.reason.value
+            if decision.limit != gw.limit:
+                gw.limit = decision.limit
+                self._dispatch(gw)
+        self.trace.ticks.append(Tick(g, self.now, gw.limit, gw.inflight, len(gw.queue), action, reason))
