@@ -76,6 +76,7 @@ def shape_from_gguf(path: str | os.PathLike[str]) -> ModelShape:
     if isinstance(head_count, list):
         head_count = max(head_count)
     kv_per_layer: list[int] | None = None
+    kv_heads: int | None
     if isinstance(head_count_kv, list):
         kv_per_layer = [int(h) for h in head_count_kv[:layers]]
         nonzero = [h for h in kv_per_layer if h > 0]
