@@ -60,6 +60,8 @@ def plan(
     try:
         if gguf and hf_config:
             raise ValueError("give --gguf or --hf-config, not both")
+        if kv_cache_gb is not None and gpu_gb:
+            raise ValueError("give --kv-cache-gb (a fixed KV budget) or --gpu-gb, not both")
         for flag, path in (("--gguf", gguf), ("--hf-config", hf_config)):
             if path is not None and not path.is_file():
                 raise ValueError(f"{flag} {path}: no such file")

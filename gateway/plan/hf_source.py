@@ -157,10 +157,11 @@ def _shape(reader: ConfigReader, name: str) -> ModelShape:
         assumptions.append(tie_note)
     try:
         counts: ParamCounts | None = count_params(reader, layout, heads, kv_heads, head_dim)
-    except ConfigError:
+    except ConfigError as exc:
         if reader.has("quantization_config"):
             raise  # a quantised size cannot come from --params alone
         counts = None  # no hidden/intermediate sizes: the user must pass --params
+        assumptions.append(f"parameters not estimated ({exc}): give --params or --weights-gb")
     weight_bytes = None
     weight_quant = dtype
     quant = read_quant(reader)

@@ -95,6 +95,7 @@ def test_config_that_is_not_an_object(tmp_path: Path, body: str, problem: str) -
         (["--context", "999999999"], "beyond any model"),
         (["--context", "0"], "positive"),
         (["--context", "abc"], "token count"),
+        (["--kv-cache-gb", "8", "--gpu-gb", "24"], "not both"),
     ],
 )
 def test_bad_flags_are_one_line_naming_the_flag(tmp_path: Path, flags: list[str], needle: str) -> None:
