@@ -23,11 +23,10 @@ import math
 from dataclasses import dataclass
 
 from gateway.plan.shape import ModelShape
-from gateway.plan.units import GIB
+from gateway.plan.units import GIB, MAX_CONTEXT_TOKENS
 
 DEFAULT_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
 DEFAULT_OVERHEAD_GB = 1.5  # CUDA context, activations, CUDA graphs: measure yours, this is a guess
-_CONTEXT_SEARCH_LIMIT = 2**40  # a model with only windowed layers has no longest context: stop here
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,8 @@ class CapacityPlan:
         return self.kv_memory_bytes // per_sequence
 
     def max_context(self, sequences: int) -> int:
-        """Longest context each of ``sequences`` concurrent sequences may reach (0 if none fits)."""
+        """Longest context each of ``sequences`` concurrent sequences may reach (0 if none fits); a
+        model whose every layer is windowed has no limit, reported as ``MAX_CONTEXT_TOKENS``."""
         if sequences <= 0:
             raise ValueError("sequences must be positive")
         if not self.fits or self.kv_bytes_per_token == 0:
@@ -93,8 +93,8 @@ class CapacityPlan:
         # sequence_bytes grows with the context (flat once every window is full): search for the edge
         low, high = 1, 1
         while self.sequence_bytes(high) <= share:
-            if high >= _CONTEXT_SEARCH_LIMIT:
-                return high
+            if high >= MAX_CONTEXT_TOKENS:
+                return MAX_CONTEXT_TOKENS
             low, high = high, high * 2
         while high - low > 1:
             mid = (low + high) // 2

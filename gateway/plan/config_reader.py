@@ -70,13 +70,16 @@ class ConfigReader:
             raise self.error(key, f"must be {kind}, got {number}")
         return number
 
-    def require_int(self, key: str, minimum: int = 1) -> int:
+    def require_int(self, key: str, minimum: int = 1, maximum: int | None = None) -> int:
         """A size the model cannot be planned without."""
         if key not in self.cfg:
             raise self.error(key, "is missing: is this a decoder LLM config?")
         if self.cfg[key] is None:
             raise self.error(key, "is null")
-        return self._int(key, self.cfg[key], minimum)
+        value = self._int(key, self.cfg[key], minimum)
+        if maximum is not None and value > maximum:
+            raise self.error(key, f"must be at most {maximum:,}, got {value:,}")
+        return value
 
     def opt_int(self, key: str, default: int | None = None, minimum: int = 1) -> int | None:
         """An optional size: absent or null gives ``default``; present must be valid."""

@@ -31,7 +31,7 @@ from gateway.plan.config_reader import ConfigError, ConfigReader
 from gateway.plan.hf_params import ParamCounts, count_params, experts_of, tied_embeddings
 from gateway.plan.layout import Layout, read_layout
 from gateway.plan.quant import WeightQuant, read_quant
-from gateway.plan.shape import ModelShape
+from gateway.plan.shape import MAX_LAYERS, ModelShape
 from gateway.plan.units import TORCH_DTYPE_BYTES, TORCH_DTYPES
 
 
@@ -96,7 +96,7 @@ def _weight_bytes(counts: ParamCounts, quant: WeightQuant, model_bytes: int) -> 
 def estimate_params(cfg: Mapping[str, Any]) -> tuple[float, float, float]:
     """(total, active, routed-expert) parameter estimate from a (text) config's dimensions."""
     reader = ConfigReader(cfg, "config.json")
-    layers = reader.require_int("num_hidden_layers")
+    layers = reader.require_int("num_hidden_layers", maximum=MAX_LAYERS)
     heads, kv_heads, head_dim = _attention_dims(reader)
     counts = count_params(reader, read_layout(reader, layers), heads, kv_heads, head_dim)
     return counts.total, counts.active, counts.routed
@@ -118,7 +118,7 @@ def shape_from_hf_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> 
 
 
 def _shape(reader: ConfigReader, name: str) -> ModelShape:
-    layers = reader.require_int("num_hidden_layers")
+    layers = reader.require_int("num_hidden_layers", maximum=MAX_LAYERS)
     heads, kv_heads, head_dim = _attention_dims(reader)
     layout: Layout = read_layout(reader, layers)
     dtype, dtype_note = _served_dtype(reader)

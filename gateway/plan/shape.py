@@ -27,6 +27,8 @@ from typing import Any, Mapping
 from gateway.plan.units import kv_dtype, weight_bpw
 
 
+MAX_LAYERS = 10_000  # published decoders have at most a few hundred; more is a typo, not a model
+
 _FLAG_NAMES = {
     "layers": "--layers", "kv_layers": "--kv-layers", "kv_heads": "--kv-heads", "head_dim": "--head-dim",
     "head_dim_v": "--head-dim", "experts": "--experts", "experts_used": "--experts-used",
@@ -117,6 +119,10 @@ class ModelShape:
             value = getattr(self, name)
             if value is not None and (not math.isfinite(value) or value <= 0):
                 raise ValueError(f"{where(name)} must be a positive finite number, got {value}")
+        for name in ("layers", "kv_layers"):
+            value = getattr(self, name)
+            if value is not None and value > MAX_LAYERS:
+                raise ValueError(f"{where(name)} must be at most {MAX_LAYERS:,}, got {value:,}")
         if self.layers is not None and self.kv_layers is not None and self.kv_layers > self.layers:
             raise ValueError(f"{where('kv_layers')} ({self.kv_layers}) exceeds {where('layers')} ({self.layers})")
         if self.sliding_layers + self.chunked_layers > (self.kv_layers if self.kv_layers is not None else self.layers or 0):

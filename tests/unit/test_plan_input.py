@@ -55,6 +55,7 @@ def _without(cfg: dict[str, Any], key: str) -> dict[str, Any]:
         (dict(LLAMA31_8B, num_hidden_layers="32"), "num_hidden_layers", "integer"),
         (dict(LLAMA31_8B, num_hidden_layers=True), "num_hidden_layers", "integer"),
         (dict(LLAMA31_8B, max_position_embeddings=0), "max_position_embeddings", "positive"),
+        (dict(LLAMA31_8B, num_hidden_layers=10**9), "num_hidden_layers", "at most"),
         (dict(MISTRAL_7B_V01, sliding_window=-4096), "sliding_window", "positive"),
         (dict(LLAMA31_8B, layer_types=["full_attention"] * 31), "layer_types", "fewer"),
         (dict(LLAMA31_8B, layer_types=["weird"] * 32), "layer_types", "weird"),
@@ -71,7 +72,13 @@ def test_malformed_config_is_one_line_naming_file_and_field(tmp_path: Path, body
 
 @pytest.mark.parametrize(
     ("body", "problem"),
-    [("[1, 2, 3]", "expected a JSON object, got a list"), ("null", "got a null"), ("{not json", "not valid JSON")],
+    [
+        ("[1, 2, 3]", "expected a JSON object, got a list"),
+        ("null", "got a null"),
+        ("{not json", "not valid JSON"),
+        # Python's json reads Infinity; a non-finite size is still refused, by name
+        (json.dumps(LLAMA31_8B)[:-1] + ', "hidden_size": Infinity}', "hidden_size must be an integer, got inf"),
+    ],
 )
 def test_config_that_is_not_an_object(tmp_path: Path, body: str, problem: str) -> None:
     path = _config(tmp_path, body)
@@ -115,6 +122,7 @@ def test_bad_flags_are_one_line_naming_the_flag(tmp_path: Path, flags: list[str]
         (["--params", "-8B"], "parameter count"),
         (["--experts", "8", "--experts-used", "9"], "--experts-used"),
         (["--kv-layers", "40"], "--kv-layers"),
+        (["--layers", "1000000000"], "--layers"),
     ],
 )
 def test_bad_shape_flags_never_read_as_capacity(flags: list[str], needle: str) -> None:
