@@ -42,6 +42,7 @@ def plan(
     overhead_gb: str = typer.Option("1.5", "--overhead-gb", help="Runtime overhead in GiB: CUDA context, activations, graphs."),
     block_tokens: str = typer.Option("1", "--block-tokens", help="KV allocation granularity in tokens for the planner's view (vLLM: 16, llama.cpp: 1)."),
     batched_tokens: Optional[str] = typer.Option(None, "--max-num-batched-tokens", help="vLLM's --max-num-batched-tokens for its view (default: vllm serve's, 2048, or 8192 on GPUs >= 70 GiB)."),
+    vllm_block: str = typer.Option("16", "--vllm-block-size", help="vLLM's --block-size for its view (GPU default 16; read the CPU build's from its log)."),
     bandwidth_gbs: Optional[str] = typer.Option(None, "--bandwidth-gbs", help="Memory bandwidth in GB/s for a decode-speed ceiling."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
@@ -106,6 +107,7 @@ def plan(
             positive(bandwidth_gbs, "--bandwidth-gbs"),
             kv_cache_gb=positive(kv_cache_gb, "--kv-cache-gb"),
             max_num_batched_tokens=count(batched_tokens, "--max-num-batched-tokens"),
+            vllm_block_size=parse_int(vllm_block, "--vllm-block-size"),
         )
     except (ValueError, OSError) as exc:
         message = " ".join(str(exc).split())  # one line, whatever the source wrote

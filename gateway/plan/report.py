@@ -134,7 +134,7 @@ def build_report(
     if kv_cache_gb is None:
         assumptions.append(f"runtime overhead {overhead_gb:g} GiB (activations, CUDA graphs): measure yours")
     assumptions.append(
-        f"vLLM view: block size {vllm_block_size}, prefix caching off for linear-attention state (one page per "
+        f"vLLM view: block size {vllm_block_size} (--vllm-block-size), prefix caching off for linear-attention state (one page per "
         "request), max_num_batched_tokens as vllm serve defaults it unless --max-num-batched-tokens"
     )
     report: dict[str, Any] = {

@@ -78,6 +78,16 @@ DEEPSEEK_V3 = {  # deepseek-ai/DeepSeek-V3 (the FP8 checkpoint)
     "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                             "weight_block_size": [128, 128]},
 }
+KIMI_K2 = {  # moonshotai/Kimi-K2-Instruct: DeepSeek-V3's architecture with 64 heads and 384 experts
+    "model_type": "kimi_k2", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64, "n_routed_experts": 384,
+    "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "vocab_size": 163840, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "max_position_embeddings": 131072,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]},
+}
 GEMMA2_9B = {  # google/gemma-2-9b: no tie_word_embeddings key, float32 checkpoint, no layer_types
     "model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336, "num_hidden_layers": 42,
     "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000,
@@ -256,6 +266,20 @@ def test_deepseek_v3_fp8_mla_fixed_kv_budget() -> None:
     assert view.max_concurrency == pytest.approx(38_199 / 2048)
     assert any("MLA" in note for note in shape.assumptions)
     assert any("MTP" in note for note in shape.assumptions)
+
+
+def test_kimi_k2_mla_with_more_experts() -> None:
+    shape = shape_from_hf_config(KIMI_K2)
+    # MLA attention per layer (64 heads): q 7168 x 1536 + 1536 x 64 x 192 = 29,884,416; kv_a 7168 x 576 = 4,128,768
+    #   kv_b 512 x 64 x 256 = 8,388,608; o 64 x 128 x 7168 = 58,720,256 -> 101,122,048; x61 = 6,168,444,928
+    # 1 dense layer 3 x 7168 x 18432 = 396,361,728; 60 MoE layers: routed 384 x 44,040,192 x 60 = 1,014,686,023,680
+    #   shared 44,040,192 x 60 = 2,642,411,520; router 7168 x 384 x 60 = 165,150,720
+    # embed + head 2 x 163840 x 7168 = 2,348,810,240 -> total 1,026,407,202,816 (Moonshot: 1T)
+    assert shape.total_params == 1_026_407_202_816
+    # active: 1,026,407,202,816 - 1,014,686,023,680 + 60 x 8 x 44,040,192 = 32,860,471,296 (Moonshot: 32B)
+    assert shape.active_params == 32_860_471_296
+    # the latent does not depend on the head count: 61 x 576 x 2 = 70,272 B/token, as DeepSeek-V3
+    assert shape.kv_bytes_per_token == 70_272
 
 
 def test_gemma2_9b_tied_fp32_and_alternating_windows() -> None:
