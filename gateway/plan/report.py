@@ -2,7 +2,10 @@
 
 The tables are drawn from the same dict the JSON holds, so the two can never disagree. A GPU whose
 budget the weights alone exceed shows "does not fit" in every cell (JSON: ``null``), never a number; a
-context too long for even one sequence shows 0 with the memory one sequence would need.
+context too long for even one sequence shows 0 with the memory one sequence would need. Beside the
+planner's per-sequence counts, each GPU row carries what vLLM will log for the same KV memory (``vllm``),
+and the report lists how the two differ for this model, every assumption made, and a warning for each
+context past the model's native length.
 """
 
 from __future__ import annotations
