@@ -12,6 +12,12 @@ follows llama.cpp's sizes (float32 by default):
 
     conv state  (r) = (ssm.conv_kernel - 1) x (ssm.inner_size + 2 x ssm.group_count x ssm.state_size)
     recurrent   (s) = ssm.state_size x ssm.inner_size
+
+MLA models (``deepseek2``, Kimi-K2) carry ``attention.kv_lora_rank``: the cache is one latent of
+``kv_lora_rank + rope.dimension_count`` per token per layer. Sliding-window models carry
+``attention.sliding_window``; which layers slide is a per-layer ``attention.sliding_window_pattern``
+array when the file has one, else llama.cpp's fixed pattern for the architecture (Gemma-2 and gpt-oss:
+every other layer starting with the first; Gemma-3: five of every six; Cohere2: three of every four).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from typing import Any
 
 from gateway.plan.shape import ModelShape
 
+# llama.cpp's SWA pattern per architecture: layer i slides when i % n < n - 1
+SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2, "cohere2": 4}
 LLAMA_CPP_STATE_BYTES = 4  # llama.cpp keeps recurrent (r, s) states in float32 unless told otherwise
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
 
@@ -76,6 +84,7 @@ def shape_from_gguf(path: str | os.PathLike[str]) -> ModelShape:
     if isinstance(head_count, list):
         head_count = max(head_count)
     kv_per_layer: list[int] | None = None
+    kv_heads: int | None
     if isinstance(head_count_kv, list):
         kv_per_layer = [int(h) for h in head_count_kv[:layers]]
         nonzero = [h for h in kv_per_layer if h > 0]
@@ -135,6 +144,34 @@ def shape_from_gguf(path: str | os.PathLike[str]) -> ModelShape:
     sources["active_params"] = "gguf tensor shapes (experts x used/count)" if expert else "gguf tensor shapes"
     sources["weight_bytes"] = "gguf file size"
 
+    assumptions: list[str] = []
+    latent = None
+    rank = get("attention.kv_lora_rank")
+    if rank:
+        rope = get("rope.dimension_count")
+        if not rope:
+            raise ValueError(f"{file}: {arch}.attention.kv_lora_rank without {arch}.rope.dimension_count")
+        latent = int(rank) + int(rope)
+        sources["kv_latent_dim"] = f"{src}.attention.kv_lora_rank + rope.dimension_count (MLA)"
+        assumptions.append(f"MLA: one latent of {latent} values per token per layer, shared by all heads")
+
+    sliding_layers = 0
+    window = get("attention.sliding_window")
+    if window:
+        pattern = get("attention.sliding_window_pattern")
+        if isinstance(pattern, list):
+            flags = [bool(p) for p in pattern[:kv_layers]]
+            sliding_layers = sum(flags)
+            sources["sliding_layers"] = f"{src}.attention.sliding_window_pattern"
+        elif arch in SWA_PATTERN:
+            n = SWA_PATTERN[arch]
+            sliding_layers = sum(1 for i in range(kv_layers) if i % n < n - 1)
+            sources["sliding_layers"] = f"llama.cpp's {arch} layout: {n - 1} of every {n} layers slide"
+        else:
+            sliding_layers = kv_layers
+            assumptions.append(f"{arch}: a sliding_window without a per-layer pattern; every layer taken as sliding")
+        sources["sliding_window"] = f"{src}.attention.sliding_window"
+
     context = get("context_length")
     name = _value(reader, "general.name") or file.stem
     return ModelShape(
@@ -152,5 +189,10 @@ def shape_from_gguf(path: str | os.PathLike[str]) -> ModelShape:
         experts_used=int(experts_used) if experts_used else None,
         weight_bytes=_file_bytes(file),
         context_length=int(context) if context else None,
+        sliding_layers=sliding_layers,
+        sliding_window=int(window) if window else None,
+        kv_latent_dim=latent,
+        state_layers=(layers - kv_layers) if seq_state else None,
         sources=sources,
-    )
+        assumptions=tuple(assumptions),
+    ).validate()

@@ -1,14 +1,21 @@
-"""Read a model's shape from a Hugging Face ``config.json``.
+"""Read a model's shape from a Hugging Face ``config.json``, the way vLLM will serve it.
 
-A config has no weights, so the parameter count is estimated from the dimensions, for the decoder
-families whose layout is standard (Llama/Mistral/Qwen2/Qwen3 dense, Mixtral/Qwen3-MoE, and the hybrid
-Qwen3-Next/Qwen3.5/Qwen3.6 with gated DeltaNet layers): embeddings, attention projections, SwiGLU
-MLPs or routed + shared experts, and the linear-attention projections. Norms and biases are ignored
-(well under 0.1 %). The estimate matches published totals (Llama-3-8B 8.03B, Mixtral-8x7B 46.7B /
-12.9B active, Qwen3-30B-A3B 30.5B / 3.3B); pass --params to override it for anything exotic.
+The pieces each have their module: ``config_reader`` (checked reads, errors naming file and field),
+``layout`` (which layers are full, sliding, chunked or linear attention), ``hf_params`` (parameters per
+class) and ``quant`` (bytes per quantised weight). This module puts them together and records every
+decision the config did not spell out in ``ModelShape.assumptions``:
 
-Multimodal checkpoints (Qwen3.5/3.6) keep the language model under ``text_config``; it is used when
-present. The linear-attention state per sequence follows vLLM's layout: a recurrent state of
+* the dtype vLLM serves: ``--dtype auto`` runs a float32 checkpoint in 16 bits, so an fp32 config is
+  planned at bf16 (weights and KV cache);
+* MLA (``kv_lora_rank``): the cache is one latent of ``kv_lora_rank + qk_rope_head_dim`` per token per
+  layer, shared by every head (vLLM's MLAAttentionSpec: one "KV head" of that size, no separate V);
+* multi-token-prediction layers (``num_nextn_predict_layers``) are not loaded without speculative
+  decoding, so they count neither in weights nor in cache;
+* tied embeddings by the family's default when the key is absent;
+* multimodal checkpoints: the language model under ``text_config`` is planned; a vision tower is not
+  counted (add it with --weights-gb when it matters).
+
+The linear-attention state per sequence follows vLLM's layout: a recurrent state of
 ``value_heads x key_head_dim x value_head_dim`` in ``mamba_ssm_dtype`` (else the model dtype) and a
 convolution state of ``(conv_kernel - 1) x (2 x key_heads x key_head_dim + value_heads x value_head_dim)``
 in the model dtype.
@@ -16,172 +23,180 @@ in the model dtype.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from gateway.plan.shape import ModelShape
+from gateway.plan.config_reader import ConfigError, ConfigReader
+from gateway.plan.hf_params import ParamCounts, count_params, experts_of, tied_embeddings
+from gateway.plan.layout import Layout, read_layout
+from gateway.plan.quant import WeightQuant, read_quant
+from gateway.plan.shape import MAX_LAYERS, ModelShape
 from gateway.plan.units import TORCH_DTYPE_BYTES, TORCH_DTYPES
 
-KV_LAYER_TYPES = {"full_attention", "attention", "sliding_attention", "global_attention"}
-LINEAR_LAYER_TYPES = {"linear_attention", "mamba", "mamba2", "gated_deltanet", "recurrent"}
+
+def _served_dtype(reader: ConfigReader) -> tuple[str, str | None]:
+    """(our dtype name, the assumption made): what vLLM's ``--dtype auto`` runs."""
+    raw = reader.get("torch_dtype") or reader.get("dtype")
+    if raw is None:
+        return "bf16", "torch_dtype absent: assumed bfloat16"
+    name = TORCH_DTYPES.get(str(raw).replace("torch.", ""))
+    if name is None:
+        raise reader.error("torch_dtype", f"{raw!r} is not a dtype the planner knows")
+    if name == "fp32":
+        return "bf16", "torch_dtype float32: vLLM (--dtype auto) serves it in 16 bits, planned as bf16"
+    return name, None
 
 
-def _text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(cfg)
-    text = cfg.get("text_config")
-    if isinstance(text, Mapping):
-        merged.update(text)
-    return merged
-
-
-def _dtype(cfg: Mapping[str, Any]) -> str:
-    raw = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-    return TORCH_DTYPES.get(raw, "bf16")
-
-
-def _layer_split(cfg: Mapping[str, Any], layers: int) -> tuple[int, int, str]:
-    """(KV-bearing layers, linear-attention layers, where the split came from)."""
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and types:
-        types = types[:layers]
-        kv = sum(1 for t in types if t in KV_LAYER_TYPES)
-        linear = sum(1 for t in types if t in LINEAR_LAYER_TYPES)
-        unknown = set(types) - KV_LAYER_TYPES - LINEAR_LAYER_TYPES
-        if unknown:
-            raise ValueError(f"config.json layer_types has kinds the planner does not know: {sorted(unknown)}")
-        return kv, linear, "config.layer_types"
-    interval = cfg.get("full_attention_interval")
-    if interval:
-        kv = sum(1 for i in range(layers) if (i + 1) % int(interval) == 0)
-        return kv, layers - kv, f"config.full_attention_interval={interval}"
-    return layers, 0, "config.num_hidden_layers"
-
-
-def _linear_state_bytes(cfg: Mapping[str, Any], model_bytes: int) -> int:
+def _linear_state_bytes(reader: ConfigReader, model_bytes: int) -> int:
     """Per-sequence state of one gated-DeltaNet layer (0 when the config has none)."""
-    v_heads = cfg.get("linear_num_value_heads")
+    v_heads = reader.opt_int("linear_num_value_heads")
     if not v_heads:
         return 0
-    k_heads = int(cfg.get("linear_num_key_heads") or v_heads)
-    k_dim = int(cfg.get("linear_key_head_dim") or 128)
-    v_dim = int(cfg.get("linear_value_head_dim") or k_dim)
-    kernel = int(cfg.get("linear_conv_kernel_dim") or 4)
-    ssm_name = TORCH_DTYPES.get(str(cfg.get("mamba_ssm_dtype") or ""), None)
+    k_heads = reader.opt_int("linear_num_key_heads", v_heads) or v_heads
+    k_dim = reader.opt_int("linear_key_head_dim", 128) or 128
+    v_dim = reader.opt_int("linear_value_head_dim", k_dim) or k_dim
+    kernel = reader.opt_int("linear_conv_kernel_dim", 4) or 4
+    ssm_name = TORCH_DTYPES.get(str(reader.get("mamba_ssm_dtype", "")))
     ssm_bytes = TORCH_DTYPE_BYTES[ssm_name] if ssm_name else model_bytes
-    recurrent = int(v_heads) * k_dim * v_dim * ssm_bytes
-    conv = (kernel - 1) * (2 * k_heads * k_dim + int(v_heads) * v_dim) * model_bytes
+    recurrent = v_heads * k_dim * v_dim * ssm_bytes
+    conv = (kernel - 1) * (2 * k_heads * k_dim + v_heads * v_dim) * model_bytes
     return recurrent + conv
+
+
+def _attention_dims(reader: ConfigReader) -> tuple[int, int, int]:
+    """(query heads, KV heads, head dim), checked: KV heads must divide the query heads."""
+    heads = reader.require_int("num_attention_heads")
+    kv_heads = reader.opt_int("num_key_value_heads", heads)
+    assert kv_heads is not None
+    if heads % kv_heads:
+        raise reader.error("num_key_value_heads", f"({kv_heads}) does not divide num_attention_heads ({heads})")
+    head_dim = reader.opt_int("head_dim")
+    if head_dim is None:
+        hidden = reader.require_int("hidden_size")
+        if hidden % heads:
+            raise reader.error("hidden_size", f"({hidden}) is not a multiple of num_attention_heads ({heads}); give head_dim")
+        head_dim = hidden // heads
+    return heads, kv_heads, head_dim
+
+
+def _weight_bytes(counts: ParamCounts, quant: WeightQuant, model_bytes: int) -> int:
+    """Quantised classes at the scheme's bytes per weight, the rest (embeddings, LM head, routers,
+    and for an experts-only scheme everything but the routed experts) at the model dtype."""
+    if quant.experts_only:
+        quantised = counts.routed
+    else:
+        quantised = counts.dense_mlp + counts.shared_experts + counts.routed + counts.linear_attention
+        if quant.attention_quantised:
+            quantised += counts.attention
+    rest = counts.total - quantised
+    return int(quantised * quant.bytes_per_weight + rest * model_bytes)
 
 
 def estimate_params(cfg: Mapping[str, Any]) -> tuple[float, float, float]:
     """(total, active, routed-expert) parameter estimate from a (text) config's dimensions."""
-    cfg = _text_config(cfg)
-    hidden = int(cfg["hidden_size"])
-    layers = int(cfg["num_hidden_layers"])
-    heads = int(cfg["num_attention_heads"])
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    vocab = int(cfg.get("vocab_size") or 0)
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    embeddings = vocab * hidden * (1 if tied else 2)
-
-    kv_layers, linear_layers, _ = _layer_split(cfg, layers)
-    gated_q = 2 if (cfg.get("attn_output_gate") or cfg.get("model_type", "").startswith("qwen3_next")) else 1
-    attention = hidden * heads * head_dim * gated_q + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
-    linear = 0
-    if linear_layers and cfg.get("linear_num_value_heads"):
-        v_heads = int(cfg["linear_num_value_heads"])
-        k_heads = int(cfg.get("linear_num_key_heads") or v_heads)
-        k_dim = int(cfg.get("linear_key_head_dim") or 128)
-        v_dim = int(cfg.get("linear_value_head_dim") or k_dim)
-        key_total, value_total = k_heads * k_dim, v_heads * v_dim
-        kernel = int(cfg.get("linear_conv_kernel_dim") or 4)
-        linear = (
-            hidden * (2 * key_total + 2 * value_total)  # q, k, v and the output gate z
-            + hidden * 2 * v_heads  # per-head beta and decay
-            + (2 * key_total + value_total) * kernel  # depthwise convolution
-            + value_total * hidden  # output projection
-        )
-
-    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
-    used = int(cfg.get("num_experts_per_tok") or 0)
-    dense_mlp = 3 * hidden * int(cfg.get("intermediate_size") or 0)
-    moe_layers = 0
-    if experts:
-        sparse_step = int(cfg.get("decoder_sparse_step") or 1)
-        mlp_only = set(cfg.get("mlp_only_layers") or [])
-        moe_layers = sum(1 for i in range(layers) if i not in mlp_only and (i + 1) % sparse_step == 0)
-    expert_size = 3 * hidden * int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
-    shared = 3 * hidden * int(cfg.get("shared_expert_intermediate_size") or 0)
-    router = hidden * experts
-    routed = moe_layers * experts * expert_size
-
-    total = (
-        embeddings
-        + kv_layers * attention
-        + linear_layers * linear
-        + (layers - moe_layers) * dense_mlp
-        + moe_layers * (shared + router)
-        + routed
-    )
-    active = total - routed + (moe_layers * used * expert_size if experts else 0)
-    return float(total), float(active), float(routed)
+    reader = ConfigReader(cfg, "config.json")
+    layers = reader.require_int("num_hidden_layers", maximum=MAX_LAYERS)
+    heads, kv_heads, head_dim = _attention_dims(reader)
+    counts = count_params(reader, read_layout(reader, layers), heads, kv_heads, head_dim)
+    return counts.total, counts.active, counts.routed
 
 
 def shape_from_hf_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> ModelShape:
-    """Build a ``ModelShape`` from a config.json path or an already-parsed dict."""
+    """Build a ``ModelShape`` from a config.json path or an already-parsed dict.
+
+    Raises ``ConfigError`` (a ``ValueError``) with one line naming the file and the field.
+    """
     if isinstance(source, Mapping):
-        raw, name = source, str(source.get("_name_or_path") or source.get("model_type") or "model")
+        reader = ConfigReader(source, "config.json")
+        name = str(source.get("_name_or_path") or source.get("model_type") or "model")
     else:
         path = Path(source)
-        raw = json.loads(path.read_text())
-        name = str(raw.get("_name_or_path") or path.parent.name or raw.get("model_type") or "model")
-    cfg = _text_config(raw)
-    try:
-        layers = int(cfg["num_hidden_layers"])
-        heads = int(cfg["num_attention_heads"])
-    except KeyError as exc:
-        raise ValueError(f"config.json lacks {exc.args[0]}: is this a decoder LLM config?") from None
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    dtype = _dtype(cfg)
-    kv_layers, linear_layers, split_source = _layer_split(cfg, layers)
-    state = linear_layers * _linear_state_bytes(cfg, TORCH_DTYPE_BYTES[dtype])
+        reader = ConfigReader.from_file(path)
+        name = str(reader.raw.get("_name_or_path") or path.parent.name or reader.raw.get("model_type") or "model")
+    return _shape(reader, name)
+
+
+def _shape(reader: ConfigReader, name: str) -> ModelShape:
+    layers = reader.require_int("num_hidden_layers", maximum=MAX_LAYERS)
+    heads, kv_heads, head_dim = _attention_dims(reader)
+    layout: Layout = read_layout(reader, layers)
+    dtype, dtype_note = _served_dtype(reader)
+    model_bytes = TORCH_DTYPE_BYTES[dtype]
+    assumptions: list[str] = [a for a in (dtype_note,) if a] + list(layout.assumptions)
+    state_layers = layout.count("state")
+    state = state_layers * _linear_state_bytes(reader, model_bytes)
+    if state_layers and not state:
+        raise reader.error("linear_num_value_heads", "is missing, but the layout has linear-attention layers")
 
     sources = {
         "layers": "config.num_hidden_layers",
-        "kv_layers": split_source,
-        "kv_heads": "config.num_key_value_heads",
-        "head_dim": "config.head_dim" if cfg.get("head_dim") else "config.hidden_size / num_attention_heads",
+        "kv_layers": layout.source,
+        "kv_heads": "config.num_key_value_heads" if reader.has("num_key_value_heads") else "config.num_attention_heads",
+        "head_dim": "config.head_dim" if reader.has("head_dim") else "config.hidden_size / num_attention_heads",
         "weight_quant": "config.torch_dtype",
-        "kv_dtype": "config.torch_dtype",
+        "kv_dtype": "config.torch_dtype (vLLM --kv-cache-dtype auto)",
     }
+    latent = None
+    if reader.has("kv_lora_rank"):
+        latent = reader.require_int("kv_lora_rank") + reader.require_int("qk_rope_head_dim")
+        sources["kv_latent_dim"] = "config.kv_lora_rank + qk_rope_head_dim (MLA)"
+        assumptions.append(f"MLA: one latent of {latent} values per token per layer, shared by all heads")
+    if reader.opt_int("num_nextn_predict_layers", 0, minimum=0):
+        assumptions.append("num_nextn_predict_layers: the MTP layers are not loaded (no speculative decoding)")
+    if layout.sliding_window is not None:
+        sources["sliding_window"] = "config.sliding_window"
     if state:
-        sources["seq_state_bytes"] = f"config.linear_* x {linear_layers} linear layers"
-    total = active = routed = None
+        sources["seq_state_bytes"] = f"config.linear_* x {state_layers} linear layers (vLLM layout)"
+    if "text_config" in reader.raw:
+        assumptions.append("multimodal checkpoint: the language model (text_config) only; a vision tower is not counted")
+
+    experts, used = experts_of(reader)
+    tied, tie_note = tied_embeddings(reader)
+    if tie_note:
+        assumptions.append(tie_note)
     try:
-        total, active, routed = estimate_params(cfg)
+        counts: ParamCounts | None = count_params(reader, layout, heads, kv_heads, head_dim)
+    except ConfigError as exc:
+        if reader.has("quantization_config"):
+            raise  # a quantised size cannot come from --params alone
+        counts = None  # no hidden/intermediate sizes: the user must pass --params
+        assumptions.append(f"parameters not estimated ({exc}): give --params or --weights-gb")
+    weight_bytes = None
+    weight_quant = dtype
+    quant = read_quant(reader)
+    if quant is not None and counts is not None:
+        weight_bytes = _weight_bytes(counts, quant, model_bytes)
+        weight_quant = quant.label
+        sources["weight_quant"] = "config.quantization_config"
+        sources["weight_bytes"] = "estimated: parameters per class x quantization_config"
+        assumptions.append(f"weights: {quant.label}; embeddings, LM head and routers in {dtype}")
+    if counts is not None:
         sources["total_params"] = sources["active_params"] = "estimated from config dimensions"
-    except (KeyError, ValueError, TypeError):
-        pass  # exotic layout: the user must pass --params
-    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
-    context = cfg.get("max_position_embeddings")
+
+    context = reader.opt_int("max_position_embeddings")
     return ModelShape(
         name=name,
         layers=layers,
-        kv_layers=kv_layers,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
+        kv_layers=layout.kv_layers,
+        kv_heads=kv_heads if latent is None else 1,
+        head_dim=head_dim if latent is None else latent,
         kv_dtype=dtype,
         seq_state_bytes=state,
-        total_params=total,
-        active_params=active,
-        expert_params=routed or None,
-        experts=int(experts) if experts else None,
-        experts_used=int(cfg["num_experts_per_tok"]) if experts and cfg.get("num_experts_per_tok") else None,
-        weight_quant=dtype,
-        context_length=int(context) if context else None,
+        total_params=counts.total if counts else None,
+        active_params=counts.active if counts else None,
+        expert_params=(counts.routed or None) if counts else None,
+        experts=experts or None,
+        experts_used=used or None,
+        weight_quant=weight_quant,
+        weight_bytes=weight_bytes,
+        context_length=context,
+        sliding_layers=layout.count("sliding"),
+        sliding_window=layout.sliding_window,
+        chunked_layers=layout.count("chunked"),
+        attention_chunk=layout.attention_chunk,
+        kv_latent_dim=latent,
+        state_layers=state_layers or None,
         sources=sources,
-    )
+        assumptions=tuple(assumptions),
+    ).validate()

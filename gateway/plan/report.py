@@ -2,20 +2,80 @@
 
 The tables are drawn from the same dict the JSON holds, so the two can never disagree. A GPU whose
 budget the weights alone exceed shows "does not fit" in every cell (JSON: ``null``), never a number; a
-context too long for even one sequence shows 0 with the memory one sequence would need.
+context too long for even one sequence shows 0 with the memory one sequence would need. Beside the
+planner's per-sequence counts, each GPU row carries what vLLM will log for the same KV memory (``vllm``),
+and the report lists how the two differ for this model, every assumption made, and a warning for each
+context past the model's native length.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from gateway.plan.arith import plan_capacity
+from gateway.plan.arith import CapacityPlan, plan_capacity, plan_fixed_kv
 from gateway.plan.decode import decode_bound
 from gateway.plan.shape import ModelShape
 from gateway.plan.units import GIB, MIB
+from gateway.plan.vllm_view import VLLM_BLOCK_SIZE, LayerSpec, layer_specs, vllm_kv_view
 
 DEFAULT_GPUS_GB = (16.0, 24.0, 32.0, 48.0, 80.0)
 DEFAULT_CONTEXTS = (4096, 8192, 16384, 32768)
+
+
+def _vllm_batched_tokens(gpu_gb: float | None, given: int | None) -> int:
+    """``vllm serve``'s default --max-num-batched-tokens: 8192 on GPUs of 70 GiB or more (A100 aside),
+    else 2048; it sets how far past its window a sliding layer reserves blocks."""
+    if given is not None:
+        return given
+    return 8192 if gpu_gb is not None and gpu_gb >= 70 else 2048
+
+
+def _vllm_cells(
+    plan: CapacityPlan, specs: list[LayerSpec], contexts: Sequence[int], block: int, batched: int
+) -> dict[str, Any] | None:
+    if not plan.fits:
+        return None
+    cells: dict[str, Any] = {}
+    for ctx in contexts:
+        view = vllm_kv_view(specs, plan.kv_memory_bytes, ctx, block, batched)
+        if view is None:
+            return None
+        cells[str(ctx)] = {
+            "kv_cache_tokens": view.kv_cache_tokens,
+            "max_concurrency": round(view.max_concurrency, 2),
+            "starts": view.starts,
+            "num_blocks": view.num_blocks,
+            "blocks_per_request": view.blocks_per_request,
+        }
+    first = vllm_kv_view(specs, plan.kv_memory_bytes, contexts[0], block, batched)
+    assert first is not None
+    return {
+        "max_num_batched_tokens": batched,
+        "block_size": first.block_size,
+        "page_bytes": first.page_bytes,
+        "groups": first.groups,
+        "group_size": first.group_size,
+        "padding_layers": first.padding_layers,
+        "by_context": cells,
+    }
+
+
+def _difference(shape: ModelShape, specs: list[LayerSpec]) -> list[str]:
+    """How vLLM's logged figures differ from the planner's for this model, in words."""
+    notes = ["vLLM's KV cache size counts whole blocks; its maximum concurrency is blocks / blocks per "
+             "request of exactly max_model_len tokens (each --context here), a float"]
+    if shape.sliding_layers or shape.chunked_layers:
+        notes.append("a sliding/chunked layer reserves window - 1 + max_num_batched_tokens tokens (+1 block) "
+                     "per request in vLLM, the planner only the window")
+    if any(spec.kind == "state" for spec in specs):
+        notes.append("hybrid: vLLM raises the attention block size until a page holds one linear-attention "
+                     "state, pads the state to it, and divides its blocks among the groups: its token count is "
+                     "blocks / groups x block size, a fraction of the planner's KV tokens")
+    kinds = {spec.kind for spec in specs}
+    if len(kinds) > 1:
+        notes.append("mixed layer kinds: vLLM splits layers into equal-size groups (padding the last of a "
+                     "kind) and logs tokens per group, not per model")
+    return notes
 
 
 def build_report(
@@ -26,15 +86,30 @@ def build_report(
     overhead_gb: float,
     block_tokens: int = 1,
     bandwidth_gbs: float | None = None,
+    kv_cache_gb: float | None = None,
+    max_num_batched_tokens: int | None = None,
+    vllm_block_size: int = VLLM_BLOCK_SIZE,
 ) -> dict[str, Any]:
-    """Every number the plan shows, as JSON-ready values."""
-    plans = [plan_capacity(shape, gb, util, overhead_gb) for gb in gpus_gb]
+    """Every number the plan shows, as JSON-ready values.
+
+    With ``kv_cache_gb`` the plan is for that fixed KV budget alone (one row, no GPU).
+    """
+    shape.validate()
+    if kv_cache_gb is not None:
+        plans = [plan_fixed_kv(shape, kv_cache_gb)]
+        rows: list[float | None] = [None]
+    else:
+        plans = [plan_capacity(shape, gb, util, overhead_gb) for gb in gpus_gb]
+        rows = list(gpus_gb)
     first = plans[0]
+    specs = layer_specs(shape)
     gpus = []
-    for gb, plan in zip(gpus_gb, plans):
+    for gb, plan in zip(rows, plans):
+        batched = _vllm_batched_tokens(gb, max_num_batched_tokens)
         gpus.append(
             {
                 "gpu_gb": gb,
+                "kv_cache_gb": kv_cache_gb,
                 "gpu_bytes": plan.gpu_bytes,
                 "budget_bytes": plan.budget_bytes,
                 "weight_bytes": plan.weight_bytes,
@@ -46,26 +121,48 @@ def build_report(
                 "max_sequences": {
                     str(ctx): (plan.max_sequences(ctx, block_tokens) if plan.fits else None) for ctx in contexts
                 },
+                "vllm": _vllm_cells(plan, specs, contexts, vllm_block_size, batched),
             }
         )
+    warnings = []
+    if shape.context_length:
+        for ctx in contexts:
+            if ctx > shape.context_length:
+                warnings.append(
+                    f"context {ctx:,} is past the model's native length ({shape.context_length:,}): vLLM refuses "
+                    "a --max-model-len above it unless told to (VLLM_ALLOW_LONG_MAX_MODEL_LEN), and quality "
+                    "past it is not the model's"
+                )
+    assumptions = list(shape.assumptions)
+    if kv_cache_gb is None:
+        assumptions.append(f"runtime overhead {overhead_gb:g} GiB (activations, CUDA graphs): measure yours")
+    assumptions.append(
+        f"vLLM view: block size {vllm_block_size} (--vllm-block-size), prefix caching off for linear-attention state (one page per "
+        "request), max_num_batched_tokens as vllm serve defaults it unless --max-num-batched-tokens"
+    )
     report: dict[str, Any] = {
         "model": shape.describe(),
         "weight_bytes": first.weight_bytes,
-        "active_weight_bytes": shape.active_weight_bytes,
+        "active_weight_bytes": shape.active_weight_bytes if first.weight_bytes else 0,
         "kv_bytes_per_token": first.kv_bytes_per_token,
+        "kv_row_bytes": shape.kv_row_bytes if shape.attention_layers else 0,
         "seq_state_bytes": first.seq_state_bytes,
         "sequence_bytes": {str(ctx): first.sequence_bytes(ctx, block_tokens) for ctx in contexts},
         "utilization": util,
         "overhead_gb": overhead_gb,
         "block_tokens": block_tokens,
         "contexts": list(contexts),
+        "kv_cache_gb": kv_cache_gb,
         "gpus": gpus,
+        "vllm_differs": _difference(shape, specs),
+        "assumptions": assumptions,
+        "warnings": warnings,
         "decode": None,
     }
-    if bandwidth_gbs is not None:
+    if bandwidth_gbs is not None and first.weight_bytes:
         single = {str(ctx): decode_bound(first, bandwidth_gbs, ctx, 1).tokens_per_s for ctx in contexts}
         batches = []
-        for gb, plan in zip(gpus_gb, plans):
+        for gb, plan in zip(rows, plans):
             for ctx in contexts:
                 n = plan.max_sequences(ctx, block_tokens) if plan.fits else 0
                 if n <= 0:
@@ -96,6 +193,24 @@ def _ctx(tokens: int) -> str:
     return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
 
 
+def _layers_cell(model: dict[str, Any]) -> str:
+    kinds = []
+    full = model["kv_layers"] - model["sliding_layers"] - model["chunked_layers"] if model["kv_layers"] is not None else None
+    if full:
+        kinds.append(f"{full} full")
+    if model["sliding_layers"]:
+        kinds.append(f"{model['sliding_layers']} sliding ({model['sliding_window']:,})")
+    if model["chunked_layers"]:
+        kinds.append(f"{model['chunked_layers']} chunked ({model['attention_chunk']:,})")
+    if model["state_layers"]:
+        kinds.append(f"{model['state_layers']} linear-attention")
+    return f"{model['layers']}: " + ", ".join(kinds) if kinds else f"{model['layers']} / {model['kv_layers']}"
+
+
+def _row_label(gpu: dict[str, Any]) -> str:
+    return f"{gpu['gpu_gb']:g} GB" if gpu["gpu_gb"] is not None else f"KV {gpu['kv_cache_gb']:g} GiB"
+
+
 def render(report: dict[str, Any], console: Any | None = None) -> None:
     """Print the report as rich tables."""
     from rich import box
@@ -111,16 +226,25 @@ def render(report: dict[str, Any], console: Any | None = None) -> None:
     summary.add_column("value", justify="right")
     summary.add_column("from", style="dim")
     moe = f" ({model['experts_used']} of {model['experts']} experts)" if model["experts"] else ""
+    if model["kv_latent_dim"]:
+        heads = ("MLA latent per token per layer", f"{model['kv_latent_dim']} values", sources.get("kv_latent_dim", ""))
+        kv_formula = "KV layers x latent x dtype"
+    else:
+        heads = ("KV heads x head dim", f"{model['kv_heads']} x {model['head_dim']}", sources.get("kv_heads", ""))
+        kv_formula = "2 x KV layers x heads x dim x dtype"
+    weights = _gib(report["weight_bytes"]) if report["weight_bytes"] else "not needed (fixed KV budget)"
     rows = [
         ("parameters: total / active", f"{_params(model['total_params'])} / {_params(model['active_params'])}{moe}", sources.get("total_params", "")),
-        ("weights (resident, counted once)", _gib(report["weight_bytes"]), sources.get("weight_bytes", sources.get("weight_quant", ""))),
+        ("weights (resident, counted once)", weights, sources.get("weight_bytes", sources.get("weight_quant", ""))),
+        ("weight format", str(model["weight_quant"]), sources.get("weight_quant", "")),
         ("weights read per token", _gib(report["active_weight_bytes"]), "weights x active/total"),
-        ("layers / KV-bearing layers", f"{model['layers']} / {model['kv_layers']}", sources.get("kv_layers", "")),
-        ("KV heads x head dim", f"{model['kv_heads']} x {model['head_dim']}", sources.get("kv_heads", "")),
-        ("KV bytes per token", f"{report['kv_bytes_per_token']:,} B ({model['kv_dtype']})", "2 x KV layers x heads x dim x dtype"),
+        ("layers", _layers_cell(model), sources.get("kv_layers", "")),
+        heads,
+        ("KV bytes per token (all KV layers)", f"{report['kv_bytes_per_token']:,} B ({model['kv_dtype']})", kv_formula),
         ("state per sequence", f"{report['seq_state_bytes'] / MIB:.2f} MiB", sources.get("seq_state_bytes", "none (no linear attention)")),
-        ("utilisation / overhead", f"{report['utilization']:.2f} / {report['overhead_gb']:.2f} GiB", "flags"),
     ]
+    if report["kv_cache_gb"] is None:
+        rows.append(("utilisation / overhead", f"{report['utilization']:.2f} / {report['overhead_gb']:.2f} GiB", "flags"))
     if model["context_length"]:
         rows.append(("native context", f"{model['context_length']:,}", ""))
     for row in rows:
@@ -132,14 +256,15 @@ def render(report: dict[str, Any], console: Any | None = None) -> None:
         memory.add_column(col, justify="right" if col != "verdict" else "left")
     for gpu in report["gpus"]:
         tokens = gpu["kv_capacity_tokens"]
+        verdict = "fits" if gpu["fits"] else f"[red]does not fit: short {_gib(-gpu['kv_memory_bytes'])}[/red]"
         memory.add_row(
-            f"{gpu['gpu_gb']:g} GB",
+            _row_label(gpu),
             _gib(gpu["budget_bytes"]),
             _gib(gpu["weight_bytes"]),
             _gib(gpu["overhead_bytes"]),
             _gib(gpu["kv_memory_bytes"]) if gpu["fits"] else "[red]none[/red]",
             "n/a" if tokens is None else f"{tokens:,}",
-            "fits" if gpu["fits"] else f"[red]does not fit: short {_gib(-gpu['kv_memory_bytes'])}[/red]",
+            gpu["verdict"] if gpu["gpu_gb"] is None else verdict,
         )
     console.print(memory)
 
@@ -158,32 +283,63 @@ def render(report: dict[str, Any], console: Any | None = None) -> None:
                 cells.append(f"[yellow]0 (1 seq needs {_gib(report['sequence_bytes'][str(ctx)])})[/yellow]")
             else:
                 cells.append(f"{n:,}")
-        seqs.add_row(f"{gpu['gpu_gb']:g} GB", *cells)
+        seqs.add_row(_row_label(gpu), *cells)
     console.print(seqs)
+
+    views = [gpu for gpu in report["gpus"] if gpu["vllm"]]
+    if views:
+        v0 = views[0]["vllm"]
+        title = (f"What vLLM will log, --max-model-len = context (block {v0['block_size']}, "
+                 f"{v0['groups']} KV group(s) of {v0['group_size']} layers)")
+        table = Table(title=title, box=box.SIMPLE_HEAD)
+        table.add_column("GPU")
+        table.add_column("batched tokens", justify="right")
+        table.add_column("KV cache size", justify="right")
+        for ctx in report["contexts"]:
+            table.add_column(f"max conc. {_ctx(ctx)}", justify="right")
+        for gpu in views:
+            view = gpu["vllm"]
+            cells = []
+            for ctx in report["contexts"]:
+                cell = view["by_context"][str(ctx)]
+                text = f"{cell['max_concurrency']:.2f}x"
+                cells.append(text if cell["starts"] else f"[red]{text} (refuses to start)[/red]")
+            tokens = view["by_context"][str(report["contexts"][0])]["kv_cache_tokens"]
+            table.add_row(_row_label(gpu), f"{view['max_num_batched_tokens']:,}", f"{tokens:,} tokens", *cells)
+        console.print(table)
+        for note in report["vllm_differs"]:
+            console.print(f"[dim]- {note}[/dim]")
 
     decode = report["decode"]
     if decode:
-        table = Table(title=f"Decode ceiling from {decode['bandwidth_gbs']:g} GB/s memory bandwidth (tokens/s)", box=box.SIMPLE_HEAD)
+        dtable = Table(title=f"Decode ceiling from {decode['bandwidth_gbs']:g} GB/s memory bandwidth (tokens/s)", box=box.SIMPLE_HEAD)
         for col in ("context", "1 stream", "GPU", "batch", "batch ceiling", "uniform-routing est."):
-            table.add_column(col, justify="right")
+            dtable.add_column(col, justify="right")
         by_ctx: dict[int, list[dict[str, Any]]] = {}
-        for row in decode["batch"]:
-            by_ctx.setdefault(row["context"], []).append(row)
+        for entry in decode["batch"]:
+            by_ctx.setdefault(entry["context"], []).append(entry)
         for ctx in report["contexts"]:
             single = f"{decode['single_stream_tokens_per_s'][str(ctx)]:,.0f}"
-            rows_for = by_ctx.get(ctx) or [None]
-            for i, row in enumerate(rows_for):
+            entries = by_ctx.get(ctx, [])
+            if not entries:
+                dtable.add_row(_ctx(ctx), single, "-", "-", "no GPU fits a sequence", "")
+            for i, entry in enumerate(entries):
                 lead = (_ctx(ctx), single) if i == 0 else ("", "")
-                if row is None:
-                    table.add_row(*lead, "-", "-", "no GPU fits a sequence", "")
-                    continue
-                est = row["tokens_per_s_uniform_routing"]
-                table.add_row(
-                    *lead, f"{row['gpu_gb']:g} GB", str(row["batch"]), f"{row['tokens_per_s_bound']:,.0f}",
+                est = entry["tokens_per_s_uniform_routing"]
+                gpu_label = f"{entry['gpu_gb']:g} GB" if entry["gpu_gb"] is not None else "KV budget"
+                dtable.add_row(
+                    *lead, gpu_label, str(entry["batch"]), f"{entry['tokens_per_s_bound']:,.0f}",
                     "" if est is None else f"{est:,.0f}",
                 )
-        console.print(table)
+        console.print(dtable)
         console.print(
             "[dim]Ceilings assume every byte moves at full bandwidth; measured speed is lower. "
             "Batch = the max sequences above.[/dim]"
         )
+
+    if report["assumptions"]:
+        console.print("Assumptions:")
+        for note in report["assumptions"]:
+            console.print(f"  - {note}")
+    for warning in report["warnings"]:
+        console.print(f"[yellow]warning: {warning}[/yellow]")

@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Mapping
 
 GIB = 2**30
 MIB = 2**20
 KIB = 2**10
 GB_PER_S = 1e9
+MAX_CONTEXT_TOKENS = 2**24  # 16M: past every published context (Llama-4 Scout's 10M is the longest)
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ _BYTE_SCALE = {
 }
 
 
-def _parse(text: str, scales: dict[str, float], what: str) -> float:
+def _parse(text: str, scales: Mapping[str, float], what: str) -> float:
     match = _SUFFIX.match(str(text))
     if not match or match.group(2).lower() not in scales:
         raise ValueError(f"cannot read {text!r} as {what} (suffixes: {', '.join(s for s in scales if s)})")
@@ -124,7 +126,35 @@ def parse_tokens(text: str) -> int:
     value = _parse(text, _TOKEN_SCALE, "a token count")
     if value <= 0 or value != int(value):
         raise ValueError(f"a token count must be a positive whole number, got {text!r}")
+    if value > MAX_CONTEXT_TOKENS:
+        raise ValueError(f"context {text!r} is beyond any model's ({MAX_CONTEXT_TOKENS:,} tokens at most)")
     return int(value)
+
+
+def parse_int(text: str, flag: str, minimum: int = 1) -> int:
+    """A whole number of at least ``minimum`` for ``flag``, refused with the flag's name otherwise."""
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ValueError(f"{flag}: cannot read {text!r} as a whole number") from None
+    if value < minimum:
+        raise ValueError(f"{flag} must be >= {minimum}, got {value}")
+    return value
+
+
+def parse_finite(text: str, flag: str, minimum: float = 0.0, inclusive: bool = False) -> float:
+    """A finite number above ``minimum`` (or equal, when ``inclusive``) for ``flag``: ``inf``/``nan``
+    and out-of-range values are refused with the flag's name."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{flag}: cannot read {text!r} as a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{flag} must be a finite number, got {text!r}")
+    if value < minimum or (value == minimum and not inclusive):
+        bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+        raise ValueError(f"{flag} must be {bound}, got {text!r}")
+    return value
 
 
 def parse_bytes(text: str) -> int:

@@ -173,3 +173,20 @@ def test_bad_inputs_are_refused() -> None:
         plan_capacity(ModelShape(layers=2, kv_heads=1, head_dim=8), gpu_gb=24)
     with pytest.raises(ValueError, match="unknown KV cache dtype"):
         LLAMA3_8B.override(kv_dtype="fp7").kv_bytes_per_token
+
+
+def test_windowed_layers_cap_per_sequence_memory_and_max_context() -> None:
+    # 2 KV layers, 1 head x 8 dims at fp16: one token's row = 2 x 8 x 2 = 32 B per layer
+    shape = ModelShape(layers=2, kv_heads=1, head_dim=8, kv_dtype="fp16", sliding_layers=1, sliding_window=100,
+                       weight_bytes=1)
+    plan = plan_capacity(shape, gpu_gb=1, util=1.0, overhead_gb=0)
+    # KV memory = 1 GiB - 1 B = 1,073,741,823
+    # 1000 tokens: full layer 1000 x 32 + sliding layer min(1000, 100) x 32 = 35,200 B
+    assert plan.sequence_bytes(1000) == 35_200
+    # in 16-token blocks: 1008 x 32 + 112 x 32 = 35,840
+    assert plan.sequence_bytes(1000, 16) == 35_840
+    # 1,000 sequences share 1,073,741 B each: 32 x L + 3,200 <= 1,073,741 -> L = floor(1,070,541 / 32) = 33,454
+    assert plan.max_context(1000) == 33_454
+    # with every layer windowed no context is too long: reported as the 16M ceiling
+    windowed = shape.override(sliding_layers=2)
+    assert plan_capacity(windowed, gpu_gb=1, util=1.0, overhead_gb=0).max_context(1000) == 2**24

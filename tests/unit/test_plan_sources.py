@@ -205,3 +205,35 @@ def test_hf_config_multimodal_text_config_and_layer_types() -> None:
 def test_hf_config_missing_keys_are_explained() -> None:
     with pytest.raises(ValueError, match="num_hidden_layers"):
         shape_from_hf_config({"model_type": "bert"})
+
+
+def test_gguf_mla_caches_the_latent(tmp_path: Path) -> None:
+    path = tmp_path / "deepseek2-tiny.gguf"
+    _write_gguf(
+        path, "deepseek2",
+        {"block_count": 27, "embedding_length": 2048, "attention.head_count": 16, "attention.head_count_kv": 16,
+         "attention.key_length": 192, "attention.value_length": 128, "attention.kv_lora_rank": 512,
+         "rope.dimension_count": 64},
+        {"token_embd.weight": (4, 4)},
+    )
+    shape = shape_from_gguf(path)
+    # one latent of 512 + 64 = 576 values x 2 B (fp16) x 27 layers = 31,104 B/token
+    # (the per-head reading would be 27 x 16 x (192 + 128) x 2 = 276,480)
+    assert shape.kv_latent_dim == 576
+    assert shape.kv_bytes_per_token == 31_104
+    assert any("MLA" in note for note in shape.assumptions)
+
+
+def test_gguf_sliding_layers_follow_llama_cpp_pattern(tmp_path: Path) -> None:
+    path = tmp_path / "gemma3-tiny.gguf"
+    _write_gguf(
+        path, "gemma3",
+        {"block_count": 26, "embedding_length": 1152, "attention.head_count": 4, "attention.head_count_kv": 1,
+         "attention.key_length": 256, "attention.value_length": 256, "attention.sliding_window": 512},
+        {"token_embd.weight": (4, 4)},
+    )
+    shape = shape_from_gguf(path)
+    # llama.cpp gemma3: layer i slides when i % 6 < 5 -> globals at 5, 11, 17, 23: 22 sliding, 4 full
+    assert (shape.sliding_layers, shape.full_layers, shape.sliding_window) == (22, 4, 512)
+    # per layer 2 x 1 x 256 x 2 B = 1024; a 32K sequence: (4 x 32768 + 22 x 512) x 1024 = 145,752,064 B
+    assert shape.sequence_kv_bytes(32_768) == 145_752_064

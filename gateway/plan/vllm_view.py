@@ -1,0 +1,180 @@
+"""What vLLM itself will log for a KV budget: "GPU KV cache size: N tokens" and "Maximum concurrency for
+L tokens per request: X".
+
+The planner's own view is per sequence (bytes one sequence of L tokens holds). vLLM's (v1 engine,
+``vllm/v1/core/kv_cache_utils.py`` and ``vllm/v1/kv_cache_interface.py``) is per block and per group, and
+differs in four ways this module reproduces:
+
+* **Pages.** Every layer's cache is cut into pages of ``block_size`` tokens (16 by default); an MLA layer's
+  page holds the latent (one "head" of ``kv_lora_rank + qk_rope_head_dim``), a linear-attention / Mamba
+  layer's page holds one sequence's whole state.
+* **Hybrid page alignment.** All pages must be the same size. With Mamba-style layers vLLM raises the
+  attention block size to ``align x ceil(state page / (align x attention bytes per token))`` (``align`` = the
+  attention kernel's block alignment, 16, or the configured block size if larger) and pads the state page
+  up to the attention page.
+* **Groups.** A model with one layer kind is one group of all its layers: ``num_blocks = memory // page //
+  layers``. Mixed kinds are split into groups of equal layer count (the smallest kind's count, or the
+  largest when it is under 1.5x the smallest), padding the last group of a kind; the memory is shared by
+  ``group size`` tensors and every group draws its blocks from them. The logged token count is
+  ``num_blocks // groups x block_size``: for Qwen3-Next (12 full + 36 linear layers = 4 groups of 12) it
+  is a quarter of the blocks, which is why it reads 4x lower than the planner's pool of KV tokens.
+* **Sliding budgets.** A sliding layer reserves ``ceil(min(window - 1 + max_num_batched_tokens, L) /
+  block) + 1`` blocks per request, a chunked layer ``ceil(min(chunk + max_num_batched_tokens, L) / block)``,
+  a full layer ``ceil(L / block)``, a state layer one page. Maximum concurrency is ``num_blocks /`` the
+  blocks one request of ``max_model_len`` tokens reserves over all groups, as a float (vLLM prints 2
+  decimals).
+
+vLLM also refuses to start when one request of ``max_model_len`` does not fit (``starts`` is False).
+This is a pure function of integers so a test against a real vLLM can call it with the numbers vLLM used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+from gateway.plan.shape import ModelShape
+
+LayerKind = Literal["full", "sliding", "chunked", "state"]
+
+VLLM_BLOCK_SIZE = 16  # CacheConfig.block_size default on GPU
+VLLM_KERNEL_BLOCK_ALIGNMENT = 16  # smallest block the FlashAttention/FlashInfer kernels take
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer as vLLM's KV cache manager sees it.
+
+    ``bytes_per_token`` is one token's cache in this layer (attention kinds); ``state_bytes`` is one
+    sequence's state (kind ``state``). ``window`` is the sliding window or the attention chunk.
+    """
+
+    kind: LayerKind
+    bytes_per_token: int = 0
+    state_bytes: int = 0
+    window: int | None = None
+
+
+@dataclass(frozen=True)
+class VllmKVView:
+    """The figures vLLM derives for a KV budget, and how it got them."""
+
+    block_size: int  # tokens per attention page after hybrid alignment
+    page_bytes: int  # bytes of one page of one layer (all layers share it)
+    groups: int  # KV cache groups
+    group_size: int  # layers per group (tensors sharing the memory)
+    padding_layers: int  # empty slots added to make every group the same size
+    num_blocks: int
+    kv_cache_tokens: int  # "GPU KV cache size: N tokens"
+    max_model_len: int
+    blocks_per_request: int  # blocks one request of max_model_len reserves over all groups
+    max_concurrency: float  # "Maximum concurrency for L tokens per request: X"
+    starts: bool  # False: vLLM refuses, one max_model_len request does not fit
+
+
+def _aligned_block_size(layers: Sequence[LayerSpec], block_size: int, alignment: int) -> int:
+    """vLLM raises the attention block size until an attention page holds a whole state page."""
+    states = [layer.state_bytes for layer in layers if layer.kind == "state"]
+    attention = [layer.bytes_per_token for layer in layers if layer.kind != "state"]
+    if not states or not attention:
+        return block_size
+    align = max(alignment, block_size)
+    per_token = max(attention)
+    needed = align * math.ceil(max(states) / (align * per_token))
+    return max(block_size, needed)
+
+
+def _page_bytes(layer: LayerSpec, block_size: int) -> int:
+    if layer.kind == "state":
+        return layer.state_bytes
+    return block_size * layer.bytes_per_token
+
+
+def _request_blocks(layer: LayerSpec, block_size: int, max_model_len: int, max_num_batched_tokens: int) -> int:
+    """Blocks one request of ``max_model_len`` tokens reserves in a layer of this kind."""
+    if layer.kind == "state":
+        return 1
+    if layer.kind == "full":
+        return math.ceil(max_model_len / block_size)
+    assert layer.window is not None
+    if layer.kind == "sliding":
+        tokens = min(layer.window - 1 + max_num_batched_tokens, max_model_len)
+        return math.ceil(tokens / block_size) + 1  # the window may start mid-block
+    tokens = min(layer.window + max_num_batched_tokens, max_model_len)
+    return math.ceil(tokens / block_size)
+
+
+def vllm_kv_view(
+    layers: Sequence[LayerSpec],
+    available_bytes: int,
+    max_model_len: int,
+    block_size: int = VLLM_BLOCK_SIZE,
+    max_num_batched_tokens: int = 2048,
+    kernel_block_alignment: int = VLLM_KERNEL_BLOCK_ALIGNMENT,
+) -> VllmKVView | None:
+    """vLLM's KV cache size and maximum concurrency for ``layers`` in ``available_bytes`` of KV memory.
+
+    Returns None for a model without any cache layer (vLLM logs nothing then).
+    """
+    if not layers:
+        return None
+    if available_bytes < 0 or max_model_len <= 0 or block_size <= 0 or max_num_batched_tokens <= 0:
+        raise ValueError("KV memory must be >= 0; max_model_len, block size and batched tokens positive")
+    block = _aligned_block_size(layers, block_size, kernel_block_alignment)
+    pages = {_page_bytes(layer, block) for layer in layers if layer.kind != "state"}
+    if len(pages) > 1:
+        raise ValueError("vLLM view: attention layers with different page sizes are not modelled")
+    page = pages.pop() if pages else max(_page_bytes(layer, block) for layer in layers)
+    if page <= 0:
+        raise ValueError("vLLM view: a layer has no cache bytes")
+
+    # layers of one kind (and one window) share a spec; vLLM groups layers by spec
+    kinds = Counter((layer.kind, layer.window) for layer in layers)
+    spec_of = {(layer.kind, layer.window): layer for layer in layers}
+    if len(kinds) == 1:
+        group_size = len(layers)
+        groups = 1
+        padding = 0
+    else:
+        smallest, largest = min(kinds.values()), max(kinds.values())
+        group_size = largest if largest < smallest * 1.5 else smallest
+        groups = sum(math.ceil(count / group_size) for count in kinds.values())
+        padding = groups * group_size - len(layers)
+
+    num_blocks = max(0, available_bytes // page // group_size)
+    tokens = num_blocks // groups * block
+    per_request = 0
+    for key, count in kinds.items():
+        spec = spec_of[key]
+        spec_groups = 1 if len(kinds) == 1 else math.ceil(count / group_size)
+        per_request += spec_groups * _request_blocks(spec, block, max_model_len, max_num_batched_tokens)
+    needed = group_size * page * per_request
+    return VllmKVView(
+        block_size=block,
+        page_bytes=page,
+        groups=groups,
+        group_size=group_size,
+        padding_layers=padding,
+        num_blocks=num_blocks,
+        kv_cache_tokens=tokens,
+        max_model_len=max_model_len,
+        blocks_per_request=per_request,
+        max_concurrency=num_blocks / per_request,
+        starts=needed <= available_bytes,
+    )
+
+
+def layer_specs(shape: ModelShape) -> list[LayerSpec]:
+    """The shape's layers as vLLM's cache manager would see them (order does not matter to it)."""
+    specs: list[LayerSpec] = []
+    if shape.attention_layers:
+        row = shape.kv_row_bytes
+        specs += [LayerSpec("full", row)] * shape.full_layers
+        specs += [LayerSpec("sliding", row, window=shape.sliding_window)] * shape.sliding_layers
+        specs += [LayerSpec("chunked", row, window=shape.attention_chunk)] * shape.chunked_layers
+    count = shape.state_layer_count
+    if count:
+        specs += [LayerSpec("state", state_bytes=math.ceil(shape.seq_state_bytes / count))] * count
+    return specs
