@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,17 @@ SCHEMES: tuple[Scheme, ...] = (
     Scheme("aimd_latency", "Netflix AIMD (latency)", _per_request(AimdLatencyLimit)),
 )
 
+# Other settings an operator might choose where a default looks made for RPCs, not LLM streams: AIMD's
+# 5 s timeout (every chat answer exceeds it) and Envoy's minRTT interval (the docs' example 60 s). Shown
+# beside the defaults (``--variants``) so the verdict cannot hinge on one number; the goal counts defaults.
+VARIANTS: tuple[Scheme, ...] = (
+    *(Scheme(f"aimd_latency_{timeout:.0f}s", f"Netflix AIMD (latency), timeout {timeout:.0f} s",
+             _per_request(partial(AimdLatencyLimit, timeout_s=timeout))) for timeout in (15.0, 30.0, 60.0)),
+    Scheme("envoy_gradient_600s", "Envoy gradient controller, minRTT every 600 s",
+           lambda scenario, config: {"algorithm": partial(EnvoyGradient, min_rtt_interval_s=600.0),
+                                     "control_interval_s": CONCURRENCY_UPDATE_INTERVAL_S}),
+)
+
 
 @dataclass
 class Run:
@@ -149,7 +161,8 @@ def run_scheme(scheme: Scheme, scenario: Scenario, config: AimdConfig) -> Run:
 
 # --- the report ------------------------------------------------------------------------------------
 HEADER = ("scenario", "scheme", "goodput / best static, per phase", "overall", "vs controller",
-          "p99 TTFT (worst phase)", "p99 TPOT (worst phase)", "preemptions", "converged after, per phase")
+          "p99 TTFT (worst phase)", "p99 TPOT (worst phase)", "preemptions", "median limit, per phase",
+          "converged after, per phase")
 
 
 def _ms(value: float | None) -> str:
@@ -163,12 +176,17 @@ def row(outcome: Run, controller: Run) -> tuple[str, ...]:
     converged = " / ".join(
         "-" if p.oracle is None else ("never" if p.convergence_s is None else f"{p.convergence_s:.0f} s")
         for p in outcome.phases)
-    label = next(s.label for s in SCHEMES if s.name == outcome.scheme)
+    label = label_of(outcome.scheme)
     if outcome.static_limit is not None:
         label += f" ({outcome.static_limit})"
+    medians = " / ".join("-" if p.settled is None else f"{p.settled:g}" for p in outcome.phases)
     return (outcome.scenario, label, ratios, "-" if overall is None else f"{overall:.2f}", vs,
             _ms(outcome.worst(lambda p: p.ttft_p99)), _ms(outcome.worst(lambda p: p.tpot_p99)),
-            str(outcome.preemptions), converged)
+            str(outcome.preemptions), medians, converged)
+
+
+def label_of(name: str) -> str:
+    return next(s.label for s in (*SCHEMES, *VARIANTS) if s.name == name)
 
 
 def markdown(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
@@ -250,8 +268,9 @@ def update_docs(path: Path, body: str) -> None:
     path.write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}", encoding="utf-8")
 
 
-def plot(outcomes: dict[str, Run], directory: Path) -> Path:
-    """One PNG: every scheme's limit over time on one scenario, over the oracle's band per phase."""
+def plot(outcomes: dict[str, Run], directory: Path, clients: int) -> Path:
+    """One PNG: every scheme's limit over time on one scenario, over the oracle's band per phase. The axis
+    stops a little above ``clients``: a limit beyond the number of clients admits nobody more."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -265,7 +284,7 @@ def plot(outcomes: dict[str, Run], directory: Path) -> Path:
                "vegas": "tab:pink", "aimd_latency": "tab:orange"}
     for name, outcome in outcomes.items():
         points = outcome.limits()
-        label = next(s.label for s in SCHEMES if s.name == name)
+        label = label_of(name)
         if name == "static_max":
             ax.plot([], [], color="grey", ls=":", label=f"{label} ({outcome.static_limit}, above the chart)")
             continue
@@ -274,21 +293,24 @@ def plot(outcomes: dict[str, Run], directory: Path) -> Path:
             style = dict(color="black", lw=2.0, zorder=5)
         if name.startswith("static"):
             style = dict(color="grey", lw=1.2, ls="--")
-            label += f" ({outcome.static_limit})"
+            label += f" ({outcome.static_limit}{' per gateway' if len(outcome.phases[0].limits) > 1 else ''})"
         ax.plot([t for t, _ in points], [limit for _, limit in points], label=label, drawstyle="steps-post", **style)
         top = max(top, max((limit for _, limit in points), default=0))
+    clipped = top > 1.25 * clients
+    top = min(top, int(1.25 * clients))
     for phase in reference.phases:
         if phase.oracle is not None:
             ax.fill_between([phase.start, phase.end], *phase.band, color="tab:green", alpha=0.12, lw=0)
         ax.axvline(phase.start, color="grey", lw=0.5)
         ax.text(phase.start + 2, top * 1.08, phase.phase, fontsize=8, va="top")
     ax.set(title=f"{reference.scenario}: concurrency limit by scheme (green: oracle sweet spot +-20%)",
-           xlabel="simulated seconds", ylabel="concurrency limit (all gateways)")
+           xlabel="simulated seconds",
+           ylabel="concurrency limit (all gateways)" + (f"\nclipped above {top}" if clipped else ""))
     ax.set_ylim(0, top * 1.12 + 1)
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
     path = directory / f"{reference.scenario}.png"
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -298,6 +320,9 @@ def main() -> None:
     parser.add_argument("scenarios", nargs="*", help="scenario names (default: all; --quick: the shifting ones)")
     parser.add_argument("--quick", action="store_true", help="only the five shifting scenarios of the goal")
     parser.add_argument("--schemes", default=None, help="comma-separated scheme names (default: all)")
+    parser.add_argument("--variants", action="store_true",
+                        help="also run AIMD with other timeouts and Envoy with a rarer minRTT window (not in the goal)")
+    parser.add_argument("--seed", type=int, default=None, help="run every scenario with this seed")
     parser.add_argument("--docs", type=Path, default=None, help="markdown file whose baselines section to rewrite")
     parser.add_argument("--plot", type=Path, default=None, help="write one PNG per scenario into this folder")
     parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
@@ -305,8 +330,12 @@ def main() -> None:
 
     names = args.scenarios or (list(SHIFTING) if args.quick else [s.name for s in SCENARIOS])
     scenarios = [by_name(name) for name in names]
+    if args.seed is not None:
+        scenarios = [replace(scenario, seed=args.seed) for scenario in scenarios]
     wanted = args.schemes.split(",") if args.schemes else [s.name for s in SCHEMES]
-    schemes = [s for s in SCHEMES if s.name in wanted]
+    if args.variants:
+        wanted += [s.name for s in VARIANTS]
+    schemes = [s for s in (*SCHEMES, *VARIANTS) if s.name in wanted]
     if CONTROLLER not in wanted:
         schemes.insert(0, SCHEMES[0])  # every ratio is against the controller
     config = AimdConfig()
@@ -328,14 +357,20 @@ def main() -> None:
     print(goal)
     print(f"{time.process_time() - started:.0f} s of CPU")
     if args.plot is not None:
-        for by_scheme in outcomes.values():
-            plot(by_scheme, args.plot)
+        main_schemes = {s.name for s in SCHEMES}
+        for scenario in scenarios:
+            clients = max(sum(phase.conditions.clients) for phase in scenario.phases)
+            plot({name: run for name, run in outcomes[scenario.name].items() if name in main_schemes}, args.plot, clients)
     if args.docs is not None:
         command = "python -m bench.baselines " + " ".join(sys.argv[1:])
         pictures = ""
         if args.plot is not None:
             rel = Path(os.path.relpath(args.plot.resolve(), args.docs.resolve().parent)).as_posix()
-            pictures = "\n" + "\n\n".join(f"![{name}]({rel}/{name}.png)" for name in outcomes) + "\n"
+            shown = [name for name in outcomes if name in SHIFTING]
+            linked = [name for name in outcomes if name not in SHIFTING]
+            pictures = "\nEvery scheme's limit over time, one picture per scenario" + (
+                " (the others: " + ", ".join(f"[{name}]({rel}/{name}.png)" for name in linked) + ")" if linked else "")
+            pictures += ":\n\n" + "\n\n".join(f"![{name}]({rel}/{name}.png)" for name in shown) + "\n"
         update_docs(args.docs, f"<!-- generated by: {command.strip()} -->\n\n{table}\n{goal}{pictures}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
