@@ -247,7 +247,8 @@ def goal_text(found: list[Verdict]) -> str:
         markdown(header, rows),
         f"Goal (issue 19, item 3): the controller's goodput >= {GOAL_RATIO}x the best of the latency-based adaptive "
         f"schemes and the threshold gate on at least {GOAL_WINS} of the {len(SHIFTING)} shifting scenarios, and "
-        f">= {GOAL_FLOOR}x each of them on every scenario.",
+        f">= {GOAL_FLOOR}x each of them on every scenario. Goodput here: output tokens/s of requests within both "
+        "objectives over every phase's judged interval (from 30 s into it), phases without an oracle included.",
         "",
         f"- >= {GOAL_RATIO}x the best of them on {len(wins)} of {len(shifting)} shifting scenarios"
         + (f" ({', '.join(v.scenario for v in wins)})" if wins else "") + "; against each scheme alone, the "
