@@ -55,7 +55,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._head_bytes = 0
+        self._head_bytes = 0  # bytes received while in a head (a head not complete yet is buffered whole)
+        self._parsed_head = 0  # the current request's request line and headers, as parsed
+        self._oversized = False  # the current request's head was complete but too large: not run
         self._in_head = True  # reading a request's head (or waiting for the first byte of one)
         self._head_timer: asyncio.TimerHandle | None = None
 
@@ -75,19 +77,40 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._in_head:
             self._head_bytes += len(data)
         super().data_received(data)
-        if self._in_head and self._head_bytes > self.limits.max_header_bytes and not self.transport.is_closing():
+        too_large = self._oversized or (self._in_head and self._head_bytes > self.limits.max_header_bytes)
+        if too_large and not self.transport.is_closing():
             self._refuse(431, f"request headers exceed {self.limits.max_header_bytes} bytes", "headers_too_large")
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
+        self._parsed_head = 0
         self._arm_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._parsed_head += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._parsed_head += len(name) + len(value) + 4  # ": " and CRLF
+        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._head_bytes = 0
         self._disarm_head_timer()
+        if self._parsed_head > self.limits.max_header_bytes:
+            self._oversized = True  # refused once the parser returns; the request never reaches the app
+            return
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._oversized:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._oversized:
+            super().on_message_complete()
 
     def on_response_complete(self) -> None:
         self._in_head = True  # the next bytes are the next request's head
