@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -49,7 +50,7 @@ log = logging.getLogger("sweetspot.api")
 @dataclass(frozen=True)
 class Route:
     path: str
-    schema: type
+    schema: type[BaseModel]
     streams: bool
 
 
@@ -70,10 +71,15 @@ async def embeddings(request: Request) -> Response:
     return await _Forward(request.app.state.gateway, request.scope, request.receive, EMBEDDINGS).run()
 
 
-# Plain Starlette routes (FastAPI's dependency solving buys nothing for a handler that reads its own
-# body); they answer a wrong method with 405. POSTs are served before routing by ProxiedRoutes.
+# Registered in the FastAPI app so they are described in its OpenAPI document (the request body's schema is
+# the validation model's) and answer a wrong method with 405; the POSTs themselves are served before routing
+# by ProxiedRoutes.
 for _route, _endpoint in ((CHAT, chat_completions), (COMPLETIONS, completions), (EMBEDDINGS, embeddings)):
-    router.add_route(_route.path, _endpoint, methods=["POST"])
+    router.add_api_route(
+        _route.path, _endpoint, methods=["POST"], response_class=Response,
+        openapi_extra={"requestBody": {"required": True, "content": {
+            "application/json": {"schema": _route.schema.model_json_schema()}}}},
+    )
 
 # Seconds a client is told to wait after an upstream's own 503 that named no time (a model loading).
 UPSTREAM_RETRY_AFTER_S = 1
