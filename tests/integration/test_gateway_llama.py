@@ -344,7 +344,7 @@ def test_llama_server_killed_mid_stream_then_restarted(processes) -> None:
     wait_for(lambda: upstream_state(gateway, config.base_url)["inflight"] == 0, 5, "the permit released")
     assert outcomes(gateway, config.base_url, "upstream_error") == 1
     status, body = wait_for(lambda: (r := get(f"{gateway}/readyz"))[0] == 503 and r, 10, "/readyz turning 503")
-    assert body["ready"] is False and body["upstreams"][config.base_url]["error"]
+    assert body["ready"] is False and body["upstreams"]["upstream-1"]["error"]  # named, not by URL
     with pytest.raises(openai.InternalServerError) as refused:
         sdk(gateway).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
     assert refused.value.status_code == 503
@@ -373,7 +373,7 @@ def test_requests_while_llama_server_loads_are_retried_by_the_sdk_until_it_serve
     status, body = wait_for(lambda: (r := get_quietly(f"{config.base_url}/health")) and r[0] == 503 and r, 60,
                             "llama-server answering 503 while it loads", 0.005)
     assert body == {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
-    wait_for(lambda: "answered 503" in str(get(f"{gateway}/readyz")[1]["upstreams"][config.base_url]["error"]), 10,
+    wait_for(lambda: "answered 503" in str(get(f"{gateway}/readyz")[1]["upstreams"]["upstream-1"]["error"]), 10,
              "the gateway seeing the loading state", 0.005)
 
     answers: list[httpx.Response] = []
