@@ -157,3 +157,13 @@ async def test_the_sweep_measures_these_apis_too(gateway, api: str) -> None:
     assert level.completed > 0 and not level.failed, level.error_samples
     assert level.token_counting == "usage" and level.output_tokens_per_s > 0
     assert level.ttft_ms.p50 is not None and level.tpot_ms.p50 is not None
+
+
+def test_a_listed_passthrough_path_reaches_the_backend(module_processes, llama) -> None:
+    gw = start_gateway(module_processes, [llama.url], "--no-control",
+                       env={"SWEETSPOT_PASSTHROUGH_PATHS": "/slots,/props"}).url
+    slots = httpx.get(f"{gw}/slots", timeout=30)
+    direct = httpx.get(f"{llama.url}/slots", timeout=30).json()
+    assert slots.status_code == 200 and [s["id"] for s in slots.json()] == [s["id"] for s in direct]
+    assert httpx.get(f"{gw}/props", timeout=30).status_code == 200
+    assert httpx.get(f"{gw}/health/ready", timeout=30).status_code == 404  # not listed

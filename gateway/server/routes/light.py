@@ -84,14 +84,21 @@ class _Light:
         return body
 
 
-async def _by_model(request: Request, dialect: Dialect = Dialect.OPENAI) -> Response:
+async def _admitted(request: Request, dialect: Dialect = Dialect.OPENAI) -> tuple[_Light, bytes] | Response:
+    """The request and its body, or the answer when it may not go on (draining, no key, too large)."""
     light = _Light(request, dialect)
     refused = light.refusal()
     if refused is not None:
         return refused
     body = await light.body()
-    if isinstance(body, Response):
-        return body
+    return body if isinstance(body, Response) else (light, body)
+
+
+async def _by_model(request: Request, dialect: Dialect = Dialect.OPENAI) -> Response:
+    admitted = await _admitted(request, dialect)
+    if isinstance(admitted, Response):
+        return admitted
+    light, body = admitted
     try:
         parsed = json.loads(body) if body else {}
     except ValueError:
@@ -120,13 +127,10 @@ async def count_tokens(request: Request) -> Response:
 
 
 async def _stored(request: Request, response_id: str) -> Response:
-    light = _Light(request)
-    refused = light.refusal()
-    if refused is not None:
-        return refused
-    body = await light.body()
-    if isinstance(body, Response):
-        return body
+    admitted = await _admitted(request)
+    if isinstance(admitted, Response):
+        return admitted
+    light, body = admitted
     owner = light.gateway.responses.upstream_of(response_id)
     if owner is not None:
         upstreams = [u for u in light.gateway.pool if u.name == owner]
@@ -161,13 +165,10 @@ async def cancel_response(request: Request, response_id: str) -> Response:
 def add_passthrough(app: FastAPI, paths: list[str]) -> None:
     """Route each operator-listed path, any method, to a healthy upstream as it is."""
     async def passthrough(request: Request) -> Response:
-        light = _Light(request)
-        refused = light.refusal()
-        if refused is not None:
-            return refused
-        body = await light.body()
-        if isinstance(body, Response):
-            return body
+        admitted = await _admitted(request)
+        if isinstance(admitted, Response):
+            return admitted
+        light, body = admitted
         upstreams = light.candidates(None)
         if not upstreams:
             return error_response(503, "no healthy upstream", reason="no_upstream", retry_after_s=2)
