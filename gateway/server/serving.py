@@ -31,9 +31,10 @@ from gateway.settings import load_settings
 def run(config: Path | None = None, **flags: Any) -> None:
     """Build the gateway from settings (flags, env, TOML) and serve it until SIGINT/SIGTERM."""
     from gateway.server.app import create_server_app
+    from gateway.server.logs import configure_logging
 
     settings = load_settings(config, **flags)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format, access_log=settings.access_log)
     app = create_server_app(settings)
     serve_app(
         app, name="sweetspot gateway", host=settings.host, port=settings.port, log_level=settings.log_level,
