@@ -52,6 +52,8 @@ class ControlLoop:
         loop = cls(gateway, gpu_source or NvmlSource(settings.gpus))
         starts = load_start_points(settings.sweep_result, [upstream.name for upstream in gateway.pool])
         config = AimdConfig.from_settings(settings)
+        for objective, value in (("ttft_p99", settings.ttft_p99_slo_s), ("tpot_p99", settings.tpot_p99_slo_s)):
+            _set_or_absent(gateway.metrics.objective, objective, value)
         for upstream in gateway.pool:
             start = starts.get(upstream.name)
             gateway.metrics.sweet_spot.labels(upstream.name).set(0)
@@ -182,9 +184,9 @@ def hard_cap(snapshot: BackendSnapshot, upstream: Upstream, planned_kv_tokens: i
     return min(caps) if caps else None
 
 
-def _set_or_absent(gauge: Gauge, upstream: str, value: float | None) -> None:
+def _set_or_absent(gauge: Gauge, label: str, value: float | None) -> None:
     """Unknown is no series, not NaN or 0: a NaN poisons every sum it joins, a 0 reads as a real cap."""
     if value is None:
-        gauge.remove(upstream)
+        gauge.remove(label)
     else:
-        gauge.labels(upstream).set(value)
+        gauge.labels(label).set(value)

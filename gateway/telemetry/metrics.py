@@ -232,6 +232,11 @@ class GatewayMetrics:
             "Peak output tokens/s measured by `sweetspot sweep` (the controller's reference).",
             ["upstream"], registry=r,
         )
+        self.objective = Gauge(
+            "sweetspot_objective_seconds",
+            "The latency objectives the controller holds (objective: ttft_p99, tpot_p99); absent when unset. "
+            "Alerts compare what clients see with them.", ["objective"], registry=r,
+        )
         self.hard_cap = Gauge(
             "sweetspot_limit_hard_cap",
             "Upper bound on the limit from the upstream's real capacity (slots, --max-num-seqs, KV capacity); "
