@@ -33,6 +33,8 @@ from gateway.server.upstreams import Upstream
 log = logging.getLogger("sweetspot.controller")
 
 NOT_SCRAPED = BackendSnapshot(kind="openai", error="not scraped yet")
+# The `reason` label values of sweetspot_upstream_retries_total (upstream_client.py, routes/proxied.py).
+RETRY_REASONS = ("stale_connection", "failover")
 
 
 @dataclass
@@ -56,8 +58,11 @@ class ControlLoop:
             _set_or_absent(gateway.metrics.objective, objective, value)
         for upstream in gateway.pool:
             start = starts.get(upstream.name)
-            gateway.metrics.sweet_spot.labels(upstream.name).set(0)
-            gateway.metrics.sweep_peak_tokens_per_s.labels(upstream.name).set(0)
+            # Series that exist from the start at 0 (a counter nothing has incremented yet is a real 0),
+            # so rate() over them is 0 rather than no data.
+            for reason in RETRY_REASONS:
+                gateway.metrics.upstream_retries.labels(upstream.name, reason)
+            gateway.metrics.backend_scrape_errors.labels(upstream.name)
             initial = start.limit if start is not None else settings.initial_limit
             initial = max(settings.limit_min, min(initial, settings.limit_max))
             upstream.limiter.set_limit(initial)

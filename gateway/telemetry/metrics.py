@@ -224,12 +224,12 @@ class GatewayMetrics:
         )
         self.sweet_spot = Gauge(
             "sweetspot_sweep_sweet_spot",
-            "Sweet spot measured by `sweetspot sweep` for the upstream (0 when none was given).",
+            "Sweet spot measured by `sweetspot sweep` for the upstream (absent when none was given).",
             ["upstream"], registry=r,
         )
         self.sweep_peak_tokens_per_s = Gauge(
             "sweetspot_sweep_peak_tokens_per_second",
-            "Peak output tokens/s measured by `sweetspot sweep` (the controller's reference).",
+            "Peak output tokens/s measured by `sweetspot sweep` (the controller's reference; absent without one).",
             ["upstream"], registry=r,
         )
         self.objective = Gauge(

@@ -353,6 +353,18 @@ def test_vllm_options_come_from_the_environment_file(raw: dict[str, Any]) -> Non
     assert "/health" in health
 
 
+def test_the_gateways_limit_is_bounded_by_vllms_max_num_seqs(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM does not publish --max-num-seqs; the gateway gets the same value, so its hard cap knows it."""
+    command = compose["services"]["vllm"]["command"]
+    max_num_seqs = int(dict(zip(command[::2], command[1::2]))["--max-num-seqs"])
+    env = {k: str(v) for k, v in compose["services"]["sweetspot"]["environment"].items() if k.startswith("SWEETSPOT_")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings()
+    assert settings.backend_max_seqs == max_num_seqs
+    assert settings.limit_max <= max_num_seqs
+
+
 def test_sim_command_uses_real_cli_options(compose: dict[str, Any]) -> None:
     """The simulator's command line parses with the real `sweetspot sim` options and a real profile."""
     import typer.main
@@ -420,8 +432,8 @@ def test_grafana_provisioning_resolves(compose: dict[str, Any]) -> None:
     host, port = source["url"].removeprefix("http://").split(":")
     assert host == "prometheus" and container_port(compose["services"]["prometheus"], int(port))
 
+    # The dashboard's `datasource` variable picks Grafana's default Prometheus datasource: the provisioned one.
+    assert source["type"] == "prometheus" and source["isDefault"] is True
     dashboard = json.loads((ROOT / "deploy/grafana/dashboards/sweetspot.json").read_text())
-    uids = {p["datasource"]["uid"] for p in dashboard["panels"] if "datasource" in p}
-    uids |= {t["datasource"]["uid"] for p in dashboard["panels"] for t in p.get("targets", [])}
-    uids |= {v["datasource"]["uid"] for v in dashboard["templating"]["list"]}
-    assert uids == {source["uid"]}, "the dashboard must use the provisioned datasource by its uid"
+    (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "datasource"]
+    assert variable["query"] == source["type"]
