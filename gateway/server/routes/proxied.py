@@ -163,6 +163,7 @@ class _Forward:
         gateway = self.gateway
         denied = check_auth(gateway, self.headers.authorization)
         if denied is not None:
+            self.refused = "unauthorized"
             return self._answer(denied)
         try:
             body = await read_body(self.receive, limit=gateway.settings.max_body_bytes,
