@@ -22,6 +22,7 @@ class Outcome(str, Enum):
     CLIENT_CANCELLED = "client_cancelled"
     TIMED_OUT = "timed_out"
     CLIENT_ERROR = "client_error"  # the upstream answered 4xx: the request was bad, not the server
+    SHUT_DOWN = "shut_down"  # the gateway's drain deadline ended it
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +134,7 @@ class SlidingWindow:
     def add(self, sample: RequestSample) -> None:
         self.start(sample.arrived)
         self._samples.append(sample)
+        self.prune(sample.finished)  # here, not only when read: memory stays flat when nobody reads
 
     def add_tokens(self, now: float, count: int) -> None:
         """Credit ``count`` output tokens (negative corrections allowed) to the bucket holding ``now``."""

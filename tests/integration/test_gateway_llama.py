@@ -346,7 +346,7 @@ def test_llama_server_killed_mid_stream_then_restarted(processes) -> None:
     # The gateway stays ready (it answers, with 503 + Retry-After below); /readyz reports the upstream down.
     status, body = wait_for(lambda: (r := get(f"{gateway}/readyz"))[1]["any_upstream_healthy"] is False and r, 10,
                             "/readyz reporting the upstream down")
-    assert status == 200 and body["ready"] is True and body["upstreams"][config.base_url]["error"]
+    assert status == 200 and body["ready"] is True and body["upstreams"]["upstream-1"]["error"]
     with pytest.raises(openai.InternalServerError) as refused:
         sdk(gateway).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
     assert refused.value.status_code == 503
@@ -375,7 +375,7 @@ def test_requests_while_llama_server_loads_are_retried_by_the_sdk_until_it_serve
     status, body = wait_for(lambda: (r := get_quietly(f"{config.base_url}/health")) and r[0] == 503 and r, 60,
                             "llama-server answering 503 while it loads", 0.005)
     assert body == {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
-    wait_for(lambda: "answered 503" in str(get(f"{gateway}/readyz")[1]["upstreams"][config.base_url]["error"]), 10,
+    wait_for(lambda: "answered 503" in str(get(f"{gateway}/readyz")[1]["upstreams"]["upstream-1"]["error"]), 10,
              "the gateway seeing the loading state", 0.005)
 
     answers: list[httpx.Response] = []

@@ -437,3 +437,14 @@ def test_grafana_provisioning_resolves(compose: dict[str, Any]) -> None:
     dashboard = json.loads((ROOT / "deploy/grafana/dashboards/sweetspot.json").read_text())
     (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "datasource"]
     assert variable["query"] == source["type"]
+
+
+def test_the_stop_grace_period_outlasts_the_drain(compose: dict[str, Any]) -> None:
+    """docker sends SIGKILL after stop_grace_period; the gateway needs its drain and 10 s to wind down."""
+    for name, service in compose["services"].items():
+        if not name.startswith("sweetspot"):
+            continue
+        grace = service["stop_grace_period"]
+        assert grace.endswith("s"), grace
+        drain_s = float(service["environment"]["SWEETSPOT_DRAIN_TIMEOUT_S"])
+        assert float(grace[:-1]) >= drain_s + 10, name

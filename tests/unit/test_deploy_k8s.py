@@ -387,3 +387,13 @@ def test_prometheus_rule_matches_the_crd_shape() -> None:
     broken = yaml.safe_load(yaml.safe_dump(rule))
     broken["spec"]["groups"][0]["rules"][0]["annotation"] = {}
     assert list(jsonschema.Draft202012Validator(PROMETHEUS_RULE_SCHEMA).iter_errors(broken))
+
+
+def test_the_grace_period_outlasts_the_drain() -> None:
+    """SIGTERM comes after preStop; the gateway then drains for drain_timeout_s and winds down (the drain's
+    settle and uvicorn's own shutdown, 10 s at most) before Kubernetes may SIGKILL it."""
+    pod = one("Deployment", "sweetspot")["spec"]["template"]["spec"]
+    pre_stop = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    drain_s = float(gateway_env()["SWEETSPOT_DRAIN_TIMEOUT_S"])
+    assert pod["terminationGracePeriodSeconds"] >= float(pre_stop[1]) + drain_s + 10

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.server.control_loop import ControlLoop
 from gateway.server.parts import Gateway
+from gateway.server.routes.auth import key_matches, raw_header, unauthorized
 
 router = APIRouter()
 
@@ -22,21 +23,37 @@ async def healthz() -> Response:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> Response:
-    """Ready when this gateway can take requests: the process serves, whatever its upstreams' health.
+    """Ready when this gateway can take requests: it serves and is not draining, whatever its upstreams' health.
 
     The upstreams are the same for every replica: if their health decided readiness, a pool that is down
     would take every gateway out of its Service at once, and clients would get connection errors instead
     of the 503 + Retry-After the gateway answers them (and a rollout would stall). Their state is in the
     body and in ``sweetspot_upstream_healthy``, which the alerts watch."""
     gateway: Gateway = request.app.state.gateway
-    upstreams = {u.name: {"healthy": u.healthy, "error": u.health_error} for u in gateway.pool}
-    ready = True
-    body = {"ready": ready, "any_upstream_healthy": gateway.pool.any_healthy(), "upstreams": upstreams}
+    upstreams = {u.public_name: {"healthy": u.healthy, "error": u.health_error} for u in gateway.pool}
+    draining = gateway.drain.draining
+    ready = not draining
+    body = {"ready": ready, "draining": draining, "any_upstream_healthy": gateway.pool.any_healthy(),
+            "upstreams": upstreams}
     return JSONResponse(body, status_code=200 if ready else 503)
+
+
+def admin_denied(request: Request) -> Response | None:
+    """401 unless the request carries the admin key (when one is set): /metrics and /state show the
+    upstreams' URLs and the gateway's inner state."""
+    gateway: Gateway = request.app.state.gateway
+    if gateway.admin_key is None or key_matches(raw_header(request.scope["headers"], b"authorization"),
+                                                (gateway.admin_key,)):
+        return None
+    gateway.metrics.rejections.labels("unauthorized").inc()
+    return unauthorized("this route needs the admin key (Authorization: Bearer <admin_api_key>)")
 
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
+    denied = admin_denied(request)
+    if denied is not None:
+        return denied
     gateway: Gateway = request.app.state.gateway
     return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -44,6 +61,9 @@ async def metrics(request: Request) -> Response:
 @router.get("/state")
 async def state(request: Request) -> Response:
     """Each upstream's limiter, window statistics and controller state, plus the queue."""
+    denied = admin_denied(request)
+    if denied is not None:
+        return denied
     gateway: Gateway = request.app.state.gateway
     control_loop: ControlLoop = request.app.state.control_loop
     now = gateway.clock()

@@ -19,8 +19,10 @@ import heapq
 import itertools
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gateway.control.algorithm import LimitAlgorithm, RequestObserver
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.observation import Headroom, LimiterState
 from gateway.control.controller import UpstreamControl
@@ -109,6 +111,7 @@ class _Request:
     admitted: float = 0.0
     first_token: float | None = None
     tokens: int = 0
+    inflight_at_admit: int = 0
 
 
 class _Gateway:
@@ -128,7 +131,9 @@ class Harness:
     """One backend engine, ``len(conditions.clients)`` gateways in front of it, virtual time.
 
     With ``static_limit`` set, gateways hold that limit (the oracle's static runs); otherwise each
-    runs an :class:`UpstreamControl` built from ``config``.
+    runs an :class:`UpstreamControl` built from ``config``, stepping ``algorithm()`` instead of the
+    controller when that is given (the comparison baselines). An algorithm that is also a
+    :class:`RequestObserver` hears of every request as it ends, and its answer is applied at once.
     """
 
     def __init__(
@@ -144,6 +149,7 @@ class Harness:
         control_interval_s: float = 2.0,
         scrape_interval_s: float = 2.0,
         hard_cap: int | None = None,
+        algorithm: Callable[[], LimitAlgorithm] | None = None,
     ) -> None:
         self.profile = profile
         self.config = config
@@ -156,7 +162,8 @@ class Harness:
         for g in range(gateways):
             control = None
             if static_limit is None:
-                control = UpstreamControl(f"gw{g}", config, initial_limit=initial_limit, start=start)
+                control = UpstreamControl(f"gw{g}", config, initial_limit=initial_limit, start=start,
+                                          algorithm=None if algorithm is None else algorithm())
             limit = static_limit if static_limit is not None else control.limit  # type: ignore[union-attr]
             self.gateways.append(_Gateway(g, limit, config.window_s, control))
         self.trace = Trace()
@@ -252,6 +259,7 @@ class Harness:
             request = gw.queue.popleft()
             request.admitted = self.now
             gw.inflight += 1
+            request.inflight_at_admit = gw.inflight
             gw.peak = max(gw.peak, gw.inflight)
             hop = self.conditions.hop_s if self.conditions is not None else 0.0
             if hop > 0:  # drawn only with a hop: runs without one keep their random sequence
@@ -277,6 +285,8 @@ class Harness:
         )
         gw.window.add(sample)
         self.trace.finished.append(Finished(request.gateway, sample))
+        if gw.control is not None and isinstance(gw.control.algorithm, RequestObserver):
+            gw.limit = gw.control.algorithm.on_request(self.now, sample, request.inflight_at_admit, gw.inflight)
         self._busy[request.gateway].discard(request.client)
         assert self.conditions is not None
         pause = self.conditions.workload.think_s if outcome is Outcome.OK else RETRY_AFTER_ERROR_S
