@@ -134,6 +134,20 @@ class Settings(BaseSettings, ControllerKnobs):
     max_body_bytes: int = Field(
         16 * 1024 * 1024, gt=0, description="Largest request body accepted; larger gets 413."
     )
+    response_affinity_max: int = Field(
+        100_000, ge=1,
+        description="Responses API ids remembered with the upstream that created them (previous_response_id, "
+        "GET/cancel by id reach that upstream); the oldest are forgotten first. About 150 bytes each.",
+    )
+    response_affinity_ttl_s: float = Field(
+        6 * 3600.0, gt=0, description="How long a response id is remembered (a backend keeps stored responses in "
+        "memory, not for ever)."
+    )
+    passthrough_paths: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Extra upstream paths clients may reach through the gateway as they are, without a permit "
+        "(e.g. /v1/audio/transcriptions). Empty: none, so no admin route of a backend is exposed by accident.",
+    )
     max_n: int = Field(
         16, ge=1, description="Largest `n` (choices per request) accepted; each choice is a generation upstream."
     )
@@ -181,7 +195,7 @@ class Settings(BaseSettings, ControllerKnobs):
     )
     nvml_interval_s: float = Field(5.0, gt=0, description="How often GPU headroom is read from NVML.")
 
-    @field_validator("upstreams", "api_keys", "gpus", mode="before")
+    @field_validator("upstreams", "api_keys", "gpus", "passthrough_paths", mode="before")
     @classmethod
     def _csv(cls, value: Any) -> Any:
         return _split_csv(value)

@@ -22,6 +22,7 @@ from gateway.server.errors import error_response
 from gateway.server.health import health_tick
 from gateway.server.loops import every
 from gateway.server.parts import Gateway
+from gateway.server.routes import light as light_routes
 from gateway.server.routes import ops as ops_routes
 from gateway.server.routes import proxied as proxied_routes
 from gateway.server.upstreams import Upstream
@@ -81,7 +82,9 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source
     app.state.gateway = gateway
     app.state.control_loop = control_loop
     app.include_router(proxied_routes.router)
+    app.include_router(light_routes.router)
     app.include_router(ops_routes.router)
+    light_routes.add_passthrough(app, settings.passthrough_paths)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

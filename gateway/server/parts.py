@@ -10,6 +10,7 @@ from gateway import __version__
 from gateway.control.window import SlidingWindow
 from gateway.server.admission import AdmissionQueue, Limiter
 from gateway.server.drain import DrainState
+from gateway.server.response_affinity import ResponseAffinity
 from gateway.server.upstream_client import UpstreamClient
 from gateway.server.upstreams import Upstream, UpstreamPool
 from gateway.settings import Settings
@@ -25,11 +26,16 @@ class Gateway:
     metrics: GatewayMetrics
     clock: Callable[[], float] = time.monotonic
     drain: DrainState = field(default_factory=DrainState)
+    responses: ResponseAffinity = field(init=False)  # which upstream created each stored response
+    client_keys: tuple[bytes, ...] = field(init=False)  # keys as bytes, once: compared with raw header bytes
+    admin_key: bytes | None = field(init=False)
 
     def __post_init__(self) -> None:
-        # Keys as bytes, once: requests compare raw header bytes against them.
-        self.client_keys = tuple(key.encode() for key in self.settings.api_keys)
-        self.admin_key = self.settings.admin_api_key.encode() if self.settings.admin_api_key else None
+        settings = self.settings
+        self.responses = ResponseAffinity(max_entries=settings.response_affinity_max,
+                                          ttl_s=settings.response_affinity_ttl_s, clock=self.clock)
+        self.client_keys = tuple(key.encode() for key in settings.api_keys)
+        self.admin_key = settings.admin_api_key.encode() if settings.admin_api_key else None
 
     @classmethod
     def build(cls, settings: Settings, *, clock: Callable[[], float] = time.monotonic) -> Gateway:

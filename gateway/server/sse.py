@@ -5,8 +5,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Protocol
 
 from gateway.server.measure import RequestTracker
+
+
+class StreamWatcher(Protocol):
+    """What the streamed reply needs of whatever watches its events (:class:`SSEFilter`, or
+    :class:`~gateway.server.event_streams.NamedEventFilter`)."""
+
+    seen_token: bool
+    upstream_error: str | None
+
+    def feed(self, data: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
 
 
 def _has_token(choices: list) -> bool:

@@ -12,9 +12,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.control.window import Outcome
-from gateway.server.errors import sse_error_event
 from gateway.server.request_watch import RequestWatch, Stop
-from gateway.server.sse import SSEFilter
+from gateway.server.sse import StreamWatcher
 from gateway.server.upstream_client import UpstreamReply
 
 log = logging.getLogger("sweetspot.proxy")
@@ -33,12 +32,13 @@ class ProxyStreamResponse(Response):
     def __init__(
         self,
         reply: UpstreamReply,
-        sse: SSEFilter,
+        sse: StreamWatcher,
         *,
         request_id: str,
         watch: RequestWatch,
         first_token_deadline: float,
         on_done: Callable[[Outcome], None],
+        error_event: Callable[[str, str, int], bytes],
     ) -> None:
         # Not Response.__init__: it would render an empty body and give the stream a content-length.
         self.status_code = reply.status
@@ -54,6 +54,7 @@ class ProxyStreamResponse(Response):
         self._watch = watch
         self._first_token_deadline = first_token_deadline
         self._on_done = on_done
+        self._error_event = error_event  # (message, code, status) -> an error event in the client's API
         self._started = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -66,12 +67,12 @@ class ProxyStreamResponse(Response):
                 raise
             if why is Stop.SHUTDOWN:
                 outcome = Outcome.SHUT_DOWN
-                await self._end_with(send, sse_error_event(
-                    "the gateway is shutting down; retry on another replica", code="shutting_down", status=503))
+                await self._end_with(send, self._error_event(
+                    "the gateway is shutting down; retry on another replica", "shutting_down", 503))
             elif why is Stop.FIRST_TOKEN_TIMEOUT:
                 outcome = Outcome.TIMED_OUT
-                await self._end_with(send, sse_error_event(
-                    "the upstream produced no token in time", code="upstream_timeout", status=504))
+                await self._end_with(send, self._error_event(
+                    "the upstream produced no token in time", "upstream_timeout", 504))
         finally:
             self._reply.close()
             self._on_done(outcome)
@@ -109,14 +110,13 @@ class ProxyStreamResponse(Response):
         except asyncio.TimeoutError:
             outcome = Outcome.TIMED_OUT
             await send({"type": "http.response.body", "more_body": True,
-                        "body": sse_error_event("the upstream went silent mid-stream", code="upstream_timeout",
-                                                status=504)})
+                        "body": self._error_event("the upstream went silent mid-stream", "upstream_timeout", 504)})
         except (aiohttp.ClientError, OSError) as exc:
             outcome = Outcome.UPSTREAM_ERROR
             log.warning("upstream stream broke: %s: %s", type(exc).__name__, exc)
             await send({"type": "http.response.body", "more_body": True,
-                        "body": sse_error_event(f"the upstream failed mid-stream ({type(exc).__name__})",
-                                                code="upstream_disconnected")})
+                        "body": self._error_event(f"the upstream failed mid-stream ({type(exc).__name__})",
+                                                  "upstream_disconnected", 502)})
         finally:
             if overdue is not None:
                 overdue.cancel()

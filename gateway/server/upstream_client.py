@@ -148,6 +148,21 @@ class UpstreamClient:
         return UpstreamReply(response)
 
 
+    async def forward(self, method: str, base_url: str, path: str, body: bytes | None, headers: dict[str, str], *,
+                      name: str, timeout_s: float) -> tuple[int, str, bytes]:
+        """A light request (tokenize, count tokens, a stored response): sent once, read whole. Returns the
+        status, content type and body; raises :class:`UpstreamFailed` when no answer came."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self.session.request(method, base_url + path, data=body, headers=headers) as response:
+                    payload = await response.read()
+                    return response.status, response.headers.get("content-type", "application/json"), payload
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            connect = isinstance(exc, aiohttp.ClientConnectorError)
+            raise UpstreamFailed(f"{name} did not answer ({type(exc).__name__})", not_processed=connect,
+                                 connect_failed=connect) from exc
+
+
 async def _read_quietly(response: aiohttp.ClientResponse) -> bytes:
     try:
         return await response.read()

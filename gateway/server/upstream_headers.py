@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 def request_headers(upstream_api_key: str | None, authorization: bytes | None, request_id: str, *, stream: bool,
-                    keep_alive: bool = False) -> dict[str, str]:
+                    keep_alive: bool = False, api: dict[str, str] | None = None,
+                    api_key: bytes | None = None) -> dict[str, str]:
     """Headers for an upstream request: the configured upstream key, else the client's ``authorization``
     (which the caller passes only when the gateway holds no keys of its own).
 
@@ -13,16 +14,22 @@ def request_headers(upstream_api_key: str | None, authorization: bytes | None, r
     anyway while announcing keep-alive, and such connections, pooled, pile up dead, so a request could
     draw one on each of its resends and fail. Asked in the request, the server says ``Connection: close``
     in its reply and the client never pools the connection, however fast the stream ends. vLLM's Python
-    front end, on the other hand, pays for every connection it accepts, and its kept connections behave."""
-    headers = {"content-type": "application/json", "x-request-id": request_id}
+    front end, on the other hand, pays for every connection it accepts, and its kept connections behave.
+
+    ``api``: headers that belong to the client's API (``anthropic-version``), passed on as they came;
+    ``api_key``: a client's ``x-api-key``, passed on under the same rule as its ``authorization``."""
+    headers = {"content-type": "application/json", "x-request-id": request_id, **(api or {})}
     if stream:
         headers["accept"] = "text/event-stream"
         if not keep_alive:
             headers["connection"] = "close"
     if upstream_api_key:
         headers["authorization"] = f"Bearer {upstream_api_key}"
-    elif authorization:
-        headers["authorization"] = authorization.decode("latin-1")
+    else:
+        if authorization:
+            headers["authorization"] = authorization.decode("latin-1")
+        if api_key:
+            headers["x-api-key"] = api_key.decode("latin-1")
     return headers
 
 

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -174,6 +175,51 @@ def create_sim_app(config: SimConfig) -> FastAPI:
             "id": shapes.request_id("embd"), "object": "list", "created": int(time.time()), "model": served,
             "data": data, "usage": shapes.usage(prompt_tokens, 0) | {"prompt_tokens_details": None},
         })
+
+    stored: OrderedDict[str, dict[str, Any]] = OrderedDict()  # responses kept for previous_response_id / GET
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        """The Responses API, whole replies only (no streaming): a chat turn whose prompt also counts the
+        conversation so far when ``previous_response_id`` names a response stored here, as vLLM keeps them."""
+        body = await _json(request)
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        if body.get("stream"):
+            raise BadRequest("the simulator's /v1/responses does not stream", param="stream")
+        previous = body.get("previous_response_id")
+        history = 0
+        if previous is not None:
+            prior = stored.get(str(previous))
+            if prior is None:
+                raise BadRequest(f"Response with id '{previous}' not found.", param="previous_response_id",
+                                 status=404)
+            history = prior["usage"]["total_tokens"]
+        given = body.get("input")
+        messages = [{"role": "user", "content": given}] if isinstance(given, str) else given
+        req = parse_generation({"model": body.get("model"), "messages": messages,
+                                "max_tokens": body.get("max_output_tokens")},
+                               chat=True, served_model=served, max_model_len=profile.max_model_len)
+        handle = runner().submit(req.prompt_tokens + history, req.max_tokens, ignore_eos=req.ignore_eos)
+        await handle.wait_done()
+        if handle.finish_reason not in ("length", "stop"):
+            return JSONResponse(shapes.error_body("the request could not be scheduled (KV cache too small)",
+                                                  "InternalServerError", 500), 500)
+        reply = shapes.responses_response(served, text.generated_text(req.seed, handle.ready),
+                                          handle.finish_reason or "length", req.prompt_tokens + history,
+                                          handle.ready, previous)
+        if body.get("store", True):
+            stored[reply["id"]] = reply
+            while len(stored) > 10_000:
+                stored.popitem(last=False)
+        return JSONResponse(reply)
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(response_id: str) -> Response:
+        reply = stored.get(response_id)
+        if reply is None:
+            raise BadRequest(f"Response with id '{response_id}' not found.", param="response_id", status=404)
+        return JSONResponse(reply)
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -102,6 +102,27 @@ def chat_response(model: str, text: str, finish_reason: str, prompt_tokens: int,
     }
 
 
+def responses_response(model: str, text: str, finish_reason: str, input_tokens: int, output_tokens: int,
+                       previous_response_id: str | None) -> dict[str, Any]:
+    """A whole reply of the Responses API (``/v1/responses``), as vLLM serves it."""
+    return {
+        "id": request_id("resp"),
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": model,
+        "status": "completed" if finish_reason == "stop" else "incomplete",
+        "incomplete_details": None if finish_reason == "stop" else {"reason": "max_output_tokens"},
+        "previous_response_id": previous_response_id,
+        "output": [{
+            "id": request_id("msg"), "type": "message", "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }],
+        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens,
+                  "total_tokens": input_tokens + output_tokens,
+                  "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}},
+    }
+
+
 def completion_response(model: str, text: str, finish_reason: str, prompt_tokens: int,
                         completion_tokens: int, base_id: str | None = None) -> dict[str, Any]:
     return {

@@ -29,6 +29,14 @@ def key_matches(authorization: bytes | None, keys: Sequence[bytes]) -> bool:
     return token is not None and any(hmac.compare_digest(token, key) for key in keys)
 
 
+def has_valid_key(authorization: bytes | None, api_key: bytes | None, keys: Sequence[bytes]) -> bool:
+    """``Authorization: Bearer <key>`` (OpenAI's SDK) or ``x-api-key: <key>`` (Anthropic's) names a key."""
+    if key_matches(authorization, keys):
+        return True
+    token = api_key.strip() if api_key else b""
+    return bool(token) and any(hmac.compare_digest(token, key) for key in keys)
+
+
 def unauthorized(message: str = "invalid or missing API key") -> Response:
     return error_response(401, message, code="invalid_api_key", reason="unauthorized")
 

@@ -19,10 +19,12 @@ class RequestHeaders:
     ``authorization`` stays bytes (it is compared as bytes, whatever a client sent); an ``X-Request-Id``
     that is long or not printable ASCII is ignored, so the gateway makes one of its own."""
 
-    __slots__ = ("authorization", "content_length", "content_type", "request_id", "priority")
+    __slots__ = ("authorization", "api_key", "content_length", "content_type", "request_id", "priority", "api")
 
     def __init__(self, raw: list[tuple[bytes, bytes]], priority_header: str) -> None:
         self.authorization: bytes | None = None
+        self.api_key: bytes | None = None  # Anthropic's SDK sends its key as x-api-key
+        self.api: dict[str, str] = {}  # headers that are part of the API's contract (anthropic-version, -beta)
         self.content_length: str | None = None
         self.content_type: bytes | None = None
         self.request_id: str | None = None
@@ -39,6 +41,10 @@ class RequestHeaders:
                 self.request_id = value.decode("ascii") if _REQUEST_ID.fullmatch(value) else None
             elif name == priority_name:
                 self.priority = value.decode("latin-1")
+            elif name == b"x-api-key":
+                self.api_key = value
+            elif name.startswith(b"anthropic-"):
+                self.api[name.decode("latin-1")] = value.decode("latin-1")
 
     @property
     def is_json(self) -> bool:

@@ -13,31 +13,25 @@ import json
 import logging
 import secrets
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.control.window import Outcome
 from gateway.server.admission import AdmissionError, Permit, QueueTimeout
 from gateway.server.drain import DRAIN_RETRY_AFTER_S
-from gateway.server.errors import error_response
+from gateway.server.errors import error_response, sse_error_event
+from gateway.server.event_streams import NamedEventFilter
 from gateway.server.measure import RequestTracker
 from gateway.server.parts import Gateway
 from gateway.server.request_watch import ClientGone, RequestWatch, ServerShutdown
-from gateway.server.routes.auth import key_matches, raw_header, unauthorized
+from gateway.server.routes.auth import has_valid_key, key_matches, raw_header, unauthorized
 from gateway.server.routes.inbound import RequestHeaders, read_body
-from gateway.server.routes.validation import (
-    BadRequest,
-    ChatRequest,
-    CompletionRequest,
-    EmbeddingRequest,
-    parse_body,
-    with_usage_requested,
-)
-from gateway.server.sse import SSEFilter
+from gateway.server.routes.table import PROXIED, ROUTES, Route
+from gateway.server.routes.validation import BadRequest, parse_body, with_usage_requested
+from gateway.server.sse import SSEFilter, StreamWatcher
 from gateway.server.streaming import ProxyStreamResponse
 from gateway.server.upstream_client import UpstreamFailed, UpstreamReply, UpstreamTimeout
 from gateway.server.upstream_headers import request_headers
@@ -49,44 +43,26 @@ router = APIRouter()
 log = logging.getLogger("sweetspot.api")
 
 
-@dataclass(frozen=True)
-class Route:
-    path: str
-    schema: type[BaseModel]
-    streams: bool
+def _endpoint(route: Route) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        return await _Forward(request.app.state.gateway, request.scope, request.receive, route).run()
 
-
-CHAT = Route("/v1/chat/completions", ChatRequest, True)
-COMPLETIONS = Route("/v1/completions", CompletionRequest, True)
-EMBEDDINGS = Route("/v1/embeddings", EmbeddingRequest, False)
-
-
-async def chat_completions(request: Request) -> Response:
-    return await _Forward(request.app.state.gateway, request.scope, request.receive, CHAT).run()
-
-
-async def completions(request: Request) -> Response:
-    return await _Forward(request.app.state.gateway, request.scope, request.receive, COMPLETIONS).run()
-
-
-async def embeddings(request: Request) -> Response:
-    return await _Forward(request.app.state.gateway, request.scope, request.receive, EMBEDDINGS).run()
+    return endpoint
 
 
 # Registered in the FastAPI app so they are described in its OpenAPI document (the request body's schema is
 # the validation model's) and answer a wrong method with 405; the POSTs themselves are served before routing
 # by ProxiedRoutes.
-for _route, _endpoint in ((CHAT, chat_completions), (COMPLETIONS, completions), (EMBEDDINGS, embeddings)):
+for _route in ROUTES:
     router.add_api_route(
-        _route.path, _endpoint, methods=["POST"], response_class=Response,
+        _route.path, _endpoint(_route), methods=["POST"], response_class=Response,
+        name=_route.path.rsplit("/", 1)[-1],
         openapi_extra={"requestBody": {"required": True, "content": {
             "application/json": {"schema": _route.schema.model_json_schema()}}}},
     )
 
 # Seconds a client is told to wait after an upstream's own 503 that named no time (a model loading).
 UPSTREAM_RETRY_AFTER_S = 1
-
-PROXIED = {route.path: route for route in (CHAT, COMPLETIONS, EMBEDDINGS)}
 
 #: Outcomes that say something about the upstream (its timeouts in a row are counted).
 UPSTREAM_OUTCOMES = frozenset({Outcome.OK, Outcome.UPSTREAM_ERROR, Outcome.TIMED_OUT, Outcome.CLIENT_ERROR})
@@ -167,7 +143,7 @@ class _Forward:
         self.refused = reason
         self.gateway.metrics.rejections.labels(reason).inc()
         return self._answer(error_response(status, message, code=code or reason, param=param, reason=reason,
-                                           retry_after_s=retry_after_s))
+                                           retry_after_s=retry_after_s, dialect=self.route.dialect))
 
     async def run(self) -> Response:
         gateway = self.gateway
@@ -177,10 +153,9 @@ class _Forward:
                                     "shutting_down", retry_after_s=DRAIN_RETRY_AFTER_S)
             response.headers["connection"] = "close"
             return response
-        denied = check_auth(gateway, self.headers.authorization)
-        if denied is not None:
-            self.refused = "unauthorized"
-            return self._answer(denied)
+        if gateway.client_keys and not has_valid_key(self.headers.authorization, self.headers.api_key,
+                                                     gateway.client_keys):
+            return self._refuse(401, "invalid or missing API key", "unauthorized", code="invalid_api_key")
         if not self.headers.is_json:
             return self._refuse(415, "request bodies must be JSON (Content-Type: application/json)",
                                 "unsupported_media_type")
@@ -212,9 +187,15 @@ class _Forward:
             return self._refuse(404, f"the model `{model}` does not exist on any upstream", "model_not_found",
                                 param="model")
         self.tracker.model = model  # served by an upstream: a bounded label value from here on
+        previous = getattr(parsed, "previous_response_id", None)
+        if previous is not None:
+            # A conversation continues where its state is: the upstream that created the previous response.
+            owner = gateway.responses.upstream_of(previous)
+            if owner is not None and owner in eligible:
+                eligible = [owner]
         stream = bool(getattr(parsed, "stream", False)) and self.route.streams
         forward_usage = True
-        if stream:
+        if stream and self.route.asks_usage:
             options = parsed.stream_options  # type: ignore[attr-defined]
             forward_usage = bool(options and options.get("include_usage"))
             if not forward_usage:
@@ -240,7 +221,8 @@ class _Forward:
             log.exception("request %s failed unexpectedly", self.request_id)
             if self.permit is not None:
                 self._release(self.permit, Outcome.UPSTREAM_ERROR)
-            return self._answer(error_response(500, "internal error in the gateway", code="internal_error"))
+            return self._answer(error_response(500, "internal error in the gateway", code="internal_error",
+                                               dialect=self.route.dialect))
         finally:
             if not handed_off:
                 watch.close()
@@ -286,7 +268,9 @@ class _Forward:
         settings = gateway.settings
         self.tracker.streamed = stream
         # The client's own credential goes upstream only when the gateway holds no keys of its own.
-        authorization = None if gateway.client_keys else self.headers.authorization
+        own_keys = bool(gateway.client_keys)
+        authorization = None if own_keys else self.headers.authorization
+        api_key = None if own_keys else self.headers.api_key
         gateway.metrics.overhead.observe(max(gateway.clock() - self.tracker.arrived - self.tracker.queue_wait, 0.0))
         # A stream's headers come before its first token: both are due within first_token_timeout_s of now.
         headers_timeout = settings.first_token_timeout_s if stream else settings.upstream_timeout_s
@@ -295,7 +279,8 @@ class _Forward:
         while True:
             upstream = permit.target
             headers = request_headers(settings.upstream_api_key, authorization, self.request_id, stream=stream,
-                                      keep_alive=upstream.streams_keep_alive)
+                                      keep_alive=upstream.streams_keep_alive, api=self.headers.api,
+                                      api_key=api_key)
             self.tracker.switch(upstream)
             try:
                 reply = await watch.guard(gateway.client.send(
@@ -329,9 +314,9 @@ class _Forward:
                 return self._stream(permit, reply, forward_usage, watch, first_token_deadline)
             return await self._buffered(permit, reply, watch)
 
-    @staticmethod
-    def _timeout_response(upstream: Upstream) -> Response:
-        return error_response(504, f"{upstream.public_name} did not answer in time", code="upstream_timeout")
+    def _timeout_response(self, upstream: Upstream) -> Response:
+        return error_response(504, f"{upstream.public_name} did not answer in time", code="upstream_timeout",
+                              dialect=self.route.dialect)
 
     def _upstream_failure(self, exc: UpstreamFailed) -> Response:
         """The upstream failed before answering. An OpenAI-shaped error body of its own (llama-server's
@@ -347,22 +332,31 @@ class _Forward:
                 response = Response(exc.body, status_code=exc.status, media_type="application/json")
         if response is None:
             status = exc.status if exc.status in (429, 503) else 502
-            response = error_response(status, f"upstream failure: {exc}", code="upstream_unavailable")
+            response = error_response(status, f"upstream failure: {exc}", code="upstream_unavailable",
+                                      dialect=self.route.dialect)
         if response.status_code in (429, 503):
             response.headers["retry-after"] = exc.retry_after or str(UPSTREAM_RETRY_AFTER_S)
         return response
 
     def _stream(self, permit: Permit[Upstream], reply: UpstreamReply, forward_usage: bool, watch: RequestWatch,
                 first_token_deadline: float) -> Response:
-        sse = SSEFilter(self.tracker, self.gateway.clock, forward_usage=forward_usage)
+        route, clock = self.route, self.gateway.clock
+        named = None if route.events is None else NamedEventFilter(self.tracker, clock, route.events)
+        sse: StreamWatcher = named if named is not None else SSEFilter(self.tracker, clock, forward_usage=forward_usage)
 
         def done(outcome: Outcome) -> None:
             watch.close()
+            if named is not None and route.remembers_responses and named.response_id is not None:
+                self.gateway.responses.remember(named.response_id, permit.target.name)
             self._release(permit, outcome)
             self._log_access(reply.status)
 
+        def error_event(message: str, code: str, status: int) -> bytes:
+            return sse_error_event(message, code=code, status=status, dialect=route.dialect,
+                                   named=route.named_events)
+
         return ProxyStreamResponse(reply, sse, request_id=self.request_id, watch=watch,
-                                   first_token_deadline=first_token_deadline, on_done=done)
+                                   first_token_deadline=first_token_deadline, on_done=done, error_event=error_event)
 
     async def _buffered(self, permit: Permit[Upstream], reply: UpstreamReply, watch: RequestWatch) -> Response:
         try:
@@ -382,17 +376,22 @@ class _Forward:
             reply.close()
             return self._finish(permit, Outcome.UPSTREAM_ERROR,
                                 error_response(502, f"upstream failed while answering: {type(exc).__name__}",
+                                               dialect=self.route.dialect,
                                                code="upstream_disconnected"))
         reply.response.release()
         status = reply.status
         outcome = Outcome.OK if status < 400 else Outcome.CLIENT_ERROR if status < 500 else Outcome.UPSTREAM_ERROR
         if status == 200:
             try:
-                usage = json.loads(payload).get("usage")
-            except (ValueError, AttributeError):
-                usage = None
-            if isinstance(usage, dict):
-                self.tracker.usage(usage)
+                answer = json.loads(payload)
+            except ValueError:
+                answer = None
+            if isinstance(answer, dict):
+                usage = self.route.usage(answer)
+                if usage is not None:
+                    self.tracker.usage(usage)
+                if self.route.remembers_responses and isinstance(answer.get("id"), str):
+                    self.gateway.responses.remember(answer["id"], permit.target.name)
         content_type = reply.response.headers.get("content-type", "application/json")
         return self._finish(permit, outcome, Response(payload, status_code=status, media_type=content_type))
 

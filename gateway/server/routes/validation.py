@@ -55,6 +55,63 @@ class EmbeddingRequest(BaseModel):
     input: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
 
 
+class ResponsesRequest(BaseModel):
+    """OpenAI's Responses API (``client.responses.create``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr = Field(min_length=1)
+    input: Union[StrictStr, list[dict[str, Any]]]
+    stream: StrictBool = False
+    max_output_tokens: StrictInt | None = Field(None, ge=1)
+    previous_response_id: StrictStr | None = None
+    temperature: _Number | None = None
+    top_p: _Number | None = None
+    user: StrictStr | None = None
+
+
+class MessagesRequest(BaseModel):
+    """Anthropic's Messages API (``anthropic.Anthropic().messages.create``): ``max_tokens`` is required there."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr = Field(min_length=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: StrictInt = Field(ge=1)
+    stream: StrictBool = False
+    system: Union[StrictStr, list[dict[str, Any]], None] = None
+    temperature: _Number | None = None
+    top_p: _Number | None = None
+
+
+class RerankRequest(BaseModel):
+    """Rerank (vLLM, llama-server with ``--reranking``): a query against documents."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr = Field(min_length=1)
+    query: StrictStr
+    documents: list[Union[StrictStr, dict[str, Any]]] = Field(min_length=1)
+
+
+class ScoreRequest(BaseModel):
+    """vLLM's score API: pairs of texts scored by a cross-encoder."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr = Field(min_length=1)
+    text_1: Union[StrictStr, list[StrictStr]]
+    text_2: Union[StrictStr, list[StrictStr]]
+
+
+class ModelOnly(BaseModel):
+    """A light request (tokenize, count_tokens): only the model, if any, is read, to pick an upstream."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = None
+
+
 def parse_body(schema: type[BaseModel], body: bytes) -> BaseModel:
     """The validated request, parsed from the raw body in one pass (pydantic's own JSON parser: no
     intermediate dict, and several times cheaper than ``json.loads`` plus validation). Anything wrong

@@ -1,0 +1,178 @@
+"""Light routes: requests that generate nothing, sent to a healthy upstream without taking a permit.
+
+* ``/tokenize``, ``/detokenize``, ``/v1/messages/count_tokens``: routed by the body's ``model`` (any healthy
+  upstream when it names none), to the one with the most free permits.
+* ``GET`` / ``DELETE /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``: to the upstream that created the
+  response (:class:`~gateway.server.response_affinity.ResponseAffinity`); an id the gateway does not know
+  (created before it started, or forgotten) is asked of each healthy upstream in turn, and the backend's own
+  404 is the answer when none has it.
+* The operator's ``passthrough_paths``: any method, passed on as they are. Nothing else of a backend is
+  reachable, so its admin routes are never exposed by accident.
+
+Auth, the drain and the client's error dialect apply as on the generation routes.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, FastAPI, Request
+from starlette.responses import Response
+
+from gateway.server.errors import Dialect, error_response
+from gateway.server.parts import Gateway
+from gateway.server.routes.auth import has_valid_key
+from gateway.server.routes.inbound import RequestHeaders
+from gateway.server.upstream_client import UpstreamFailed
+from gateway.server.upstream_headers import request_headers
+from gateway.server.upstreams import Upstream
+
+router = APIRouter()
+
+LIGHT_TIMEOUT_S = 30.0  # a tokenizer or a stored response answers in milliseconds
+
+
+class _Light:
+    def __init__(self, request: Request, dialect: Dialect = Dialect.OPENAI) -> None:
+        self.request = request
+        self.gateway: Gateway = request.app.state.gateway
+        self.dialect = dialect
+        self.headers = RequestHeaders(request.scope["headers"], self.gateway.settings.priority_header)
+
+    def refusal(self) -> Response | None:
+        """The answer when this request may not go on: draining, or no valid key."""
+        gateway = self.gateway
+        if gateway.drain.draining:
+            return error_response(503, "the gateway is shutting down; retry (another replica will answer)",
+                                  reason="shutting_down", retry_after_s=1, dialect=self.dialect)
+        keys = gateway.client_keys
+        if keys and not has_valid_key(self.headers.authorization, self.headers.api_key, keys):
+            gateway.metrics.rejections.labels("unauthorized").inc()
+            return error_response(401, "invalid or missing API key", code="invalid_api_key", reason="unauthorized",
+                                  dialect=self.dialect)
+        return None
+
+    def candidates(self, model: str | None) -> list[Upstream]:
+        """Healthy upstreams serving ``model`` (any, when None), the most free permits first."""
+        pool = [u for u in self.gateway.pool if u.healthy and (model is None or u.serves(model))]
+        return sorted(pool, key=lambda u: u.limiter.free, reverse=True)
+
+    async def send(self, upstream: Upstream, path: str, body: bytes | None) -> Response:
+        gateway = self.gateway
+        own_keys = bool(gateway.client_keys)
+        headers = request_headers(gateway.settings.upstream_api_key, None if own_keys else self.headers.authorization,
+                                  self.headers.request_id or "", stream=False, api=self.headers.api,
+                                  api_key=None if own_keys else self.headers.api_key)
+        if not self.headers.request_id:
+            del headers["x-request-id"]
+        query = self.request.url.query
+        try:
+            status, content_type, payload = await gateway.client.forward(
+                self.request.method, upstream.url, path + (f"?{query}" if query else ""), body, headers,
+                name=upstream.public_name, timeout_s=LIGHT_TIMEOUT_S)
+        except UpstreamFailed as exc:
+            if exc.connect_failed:
+                upstream.mark_down(str(exc))
+            return error_response(502, f"upstream failure: {exc}", code="upstream_unavailable", dialect=self.dialect)
+        return Response(payload, status_code=status, media_type=content_type)
+
+    async def body(self) -> bytes | Response:
+        body = await self.request.body()
+        if len(body) > self.gateway.settings.max_body_bytes:
+            return error_response(413, f"request body exceeds {self.gateway.settings.max_body_bytes} bytes",
+                                  reason="body_too_large", dialect=self.dialect)
+        return body
+
+
+async def _by_model(request: Request, dialect: Dialect = Dialect.OPENAI) -> Response:
+    light = _Light(request, dialect)
+    refused = light.refusal()
+    if refused is not None:
+        return refused
+    body = await light.body()
+    if isinstance(body, Response):
+        return body
+    try:
+        parsed = json.loads(body) if body else {}
+    except ValueError:
+        return error_response(400, "request body is not valid JSON", code="invalid_json", dialect=dialect)
+    model = parsed.get("model") if isinstance(parsed, dict) else None
+    upstreams = light.candidates(model if isinstance(model, str) else None)
+    if not upstreams:
+        return error_response(503, "no healthy upstream serves this request", reason="no_upstream",
+                              retry_after_s=2, dialect=dialect)
+    return await light.send(upstreams[0], request.url.path, body)
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> Response:
+    return await _by_model(request)
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> Response:
+    return await _by_model(request)
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request) -> Response:
+    return await _by_model(request, Dialect.ANTHROPIC)
+
+
+async def _stored(request: Request, response_id: str) -> Response:
+    light = _Light(request)
+    refused = light.refusal()
+    if refused is not None:
+        return refused
+    body = await light.body()
+    if isinstance(body, Response):
+        return body
+    owner = light.gateway.responses.upstream_of(response_id)
+    if owner is not None:
+        upstreams = [u for u in light.gateway.pool if u.name == owner]
+    else:
+        upstreams = light.candidates(None)
+    answer: Response | None = None
+    for upstream in upstreams:
+        answer = await light.send(upstream, request.url.path, body or None)
+        if answer.status_code != 404:
+            if owner is None and answer.status_code < 400:
+                light.gateway.responses.remember(response_id, upstream.name)
+            return answer
+    return answer or error_response(404, f"no response with id {response_id!r} on any upstream",
+                                    code="response_not_found", param="response_id")
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(request: Request, response_id: str) -> Response:
+    return await _stored(request, response_id)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(request: Request, response_id: str) -> Response:
+    return await _stored(request, response_id)
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(request: Request, response_id: str) -> Response:
+    return await _stored(request, response_id)
+
+
+def add_passthrough(app: FastAPI, paths: list[str]) -> None:
+    """Route each operator-listed path, any method, to a healthy upstream as it is."""
+    async def passthrough(request: Request) -> Response:
+        light = _Light(request)
+        refused = light.refusal()
+        if refused is not None:
+            return refused
+        body = await light.body()
+        if isinstance(body, Response):
+            return body
+        upstreams = light.candidates(None)
+        if not upstreams:
+            return error_response(503, "no healthy upstream", reason="no_upstream", retry_after_s=2)
+        return await light.send(upstreams[0], request.url.path, body or None)
+
+    for path in paths:
+        app.add_api_route(path, passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                          include_in_schema=False)
