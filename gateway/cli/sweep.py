@@ -41,7 +41,8 @@ def _slo(value: float) -> float | None:
 @app.command("sweep")
 def sweep(
     url: str = typer.Option(..., "--url", help="Server base URL (a backend directly, or the gateway), e.g. http://127.0.0.1:8000."),
-    api: str = typer.Option("chat", "--api", help="chat (/v1/chat/completions) or completions (/v1/completions)."),
+    api: str = typer.Option("chat", "--api", help="chat (/v1/chat/completions), completions (/v1/completions), "
+                            "responses (/v1/responses) or messages (Anthropic's /v1/messages)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of GET /v1/models)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="Bearer token, if the server wants one."),
     header: list[str] = typer.Option([], "--header", "-H", help="Extra header 'Name: value' (repeatable)."),
@@ -77,8 +78,8 @@ def sweep(
     from gateway.sweep.driver import SweepConfig, SweepError, run_sweep_sync
     from gateway.sweep.workload import Workload, parse_length
 
-    if api not in ("chat", "completions"):
-        raise typer.BadParameter("--api must be chat or completions")
+    if api not in ("chat", "completions", "responses", "messages"):
+        raise typer.BadParameter("--api must be chat, completions, responses or messages")
     if requests is not None and duration is not None:
         raise typer.BadParameter("give --requests or --duration, not both")
     try:

@@ -32,7 +32,12 @@ from gateway.sweep.workload import ApiKind, RequestSpec
 from gateway.server.resend import STALE_CONNECTION_ERRORS
 
 REJECT_STATUSES = frozenset({429, 503})  # overload answers (a gateway's queue), not backend failures
-_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
+                          "responses": "/v1/responses", "messages": "/v1/messages"}
+#: Named-event APIs: the ``type`` of each event's data that carries one token, and where usage is.
+_TOKEN_EVENTS = frozenset({"response.output_text.delta", "response.reasoning_text.delta",
+                           "response.function_call_arguments.delta", "content_block_delta"})
+_ERROR_EVENTS = frozenset({"error", "response.failed"})
 
 
 def normalize_base_url(url: str) -> str:
@@ -60,6 +65,10 @@ class Target:
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+            if self.api == "messages":
+                headers["x-api-key"] = self.api_key
+        if self.api == "messages":
+            headers["anthropic-version"] = "2023-06-01"
         headers.update(self.headers)
         return headers
 
@@ -294,6 +303,10 @@ class StreamClient:
             return
         if not isinstance(message, dict):
             return
+        kind = message.get("type")
+        if isinstance(kind, str) and kind not in ("chat.completion.chunk", "text_completion"):
+            StreamClient._on_event(kind, message, now, record, on_chunk)
+            return
         if message.get("error"):
             error = message["error"]
             text = error.get("message") if isinstance(error, dict) else error
@@ -310,3 +323,33 @@ class StreamClient:
             record.output_tokens = int(usage["completion_tokens"])
             record.prompt_tokens = usage.get("prompt_tokens")
             record.usage_reported = True
+
+    @staticmethod
+    def _on_event(kind: str, message: dict[str, Any], now: float, record: RequestRecord,
+                  on_chunk: Callable[[], None] | None) -> None:
+        """One event of the Responses or Messages API (its data's ``type`` names it)."""
+        if kind in _ERROR_EVENTS:
+            error = message.get("error") or (message.get("response") or {}).get("error") or message
+            text = error.get("message") if isinstance(error, dict) else error
+            record.error, record.error_kind = f"error in stream: {text}", "stream"
+            return
+        record.end = now
+        if kind in _TOKEN_EVENTS:
+            record.chunk_times.append(now)
+            if on_chunk is not None:
+                on_chunk()
+        elif kind in ("response.completed", "response.incomplete"):
+            usage = (message.get("response") or {}).get("usage") or {}
+            if usage.get("output_tokens") is not None:
+                record.output_tokens = int(usage["output_tokens"])
+                record.prompt_tokens = usage.get("input_tokens")
+                record.usage_reported = True
+        elif kind == "message_start":
+            usage = (message.get("message") or {}).get("usage") or {}
+            record.prompt_tokens = sum(int(usage.get(key) or 0) for key in
+                                       ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
+        elif kind == "message_delta":
+            usage = message.get("usage") or {}
+            if usage.get("output_tokens") is not None:
+                record.output_tokens = int(usage["output_tokens"])
+                record.usage_reported = True

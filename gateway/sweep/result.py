@@ -107,7 +107,7 @@ class Verdict(_Model):
 
 class ServerInfo(_Model):
     url: str
-    api: Literal["chat", "completions"]
+    api: Literal["chat", "completions", "responses", "messages"]
     model: str
     models: list[str] = Field(default_factory=list)
 

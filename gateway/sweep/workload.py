@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-ApiKind = Literal["chat", "completions"]
+ApiKind = Literal["chat", "completions", "responses", "messages"]
 DistKind = Literal["fixed", "uniform", "normal", "lognormal"]
 
 _WORDS = (
@@ -144,15 +144,17 @@ class RequestFactory:
         prompt_len = wl.prompt_len.sample(self._rng)
         max_tokens = wl.output_len.sample(self._rng)
         prompt = make_prompt(index, prompt_len, self._rng)
-        body: dict[str, Any] = {
-            "max_tokens": max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        if wl.api == "chat":
-            body["messages"] = [{"role": "user", "content": prompt}]
+        body: dict[str, Any] = {"stream": True}
+        if wl.api == "responses":  # usage always comes in response.completed
+            body.update(input=prompt, max_output_tokens=max_tokens)
+        elif wl.api == "messages":  # usage always comes in message_start / message_delta
+            body.update(messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens)
         else:
-            body["prompt"] = prompt
+            body.update(max_tokens=max_tokens, stream_options={"include_usage": True})
+            if wl.api == "chat":
+                body["messages"] = [{"role": "user", "content": prompt}]
+            else:
+                body["prompt"] = prompt
         if wl.ignore_eos:
             body["ignore_eos"] = True
         body.update(wl.extra_body)

@@ -13,6 +13,9 @@ import httpx
 import openai
 import pytest
 
+from gateway.sweep.driver import SweepConfig, run_sweep
+from gateway.sweep.result import SLO
+from gateway.sweep.workload import Workload, parse_length
 from tests.support.gateway import get_json, metric_value, start_gateway, start_sim
 from tests.support.llama import MODEL, start_llama_server
 
@@ -142,3 +145,15 @@ def test_each_sdk_retries_the_gateways_429_on_its_own_terms(processes) -> None:
             model=model, input="hi", max_output_tokens=4)
     after = metric_value(f"{gw}/metrics", "sweetspot_rejections_total", {"reason": "queue_full"})
     assert after == rejected + 4  # each SDK asked twice: once, then once more after Retry-After
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+async def test_the_sweep_measures_these_apis_too(gateway, api: str) -> None:
+    config = SweepConfig(url=gateway.url, api=api, levels=(2,), requests_per_level=8,  # type: ignore[arg-type]
+                         workload=Workload(api=api, prompt_len=parse_length(16),  # type: ignore[arg-type]
+                                           output_len=parse_length(16)),
+                         slo=SLO(), early_stop=False)
+    level = (await run_sweep(config)).levels[0]
+    assert level.completed > 0 and not level.failed, level.error_samples
+    assert level.token_counting == "usage" and level.output_tokens_per_s > 0
+    assert level.ttft_ms.p50 is not None and level.tpot_ms.p50 is not None

@@ -346,7 +346,7 @@ def test_llama_server_killed_mid_stream_then_restarted(processes) -> None:
     # The gateway stays ready (it answers, with 503 + Retry-After below); /readyz reports the upstream down.
     status, body = wait_for(lambda: (r := get(f"{gateway}/readyz"))[1]["any_upstream_healthy"] is False and r, 10,
                             "/readyz reporting the upstream down")
-    assert status == 200 and body["ready"] is True and body["upstreams"]["upstream-1"]["error"]
+    assert status == 200 and body["ready"] is True and body["upstreams"]["upstream-1"]["error"]  # named, not by URL
     with pytest.raises(openai.InternalServerError) as refused:
         sdk(gateway).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
     assert refused.value.status_code == 503
