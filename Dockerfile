@@ -18,7 +18,7 @@ WORKDIR /src
 RUN python -m venv /opt/sweetspot
 COPY requirements.lock ./
 RUN /opt/sweetspot/bin/pip install --no-cache-dir --require-hashes -r requirements.lock
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY gateway ./gateway
 # EXTRAS: the tools an image carries beside the gateway (compose's `sim` profile builds one with "sim").
 ARG EXTRAS=""
@@ -30,10 +30,18 @@ FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="sweetspot" \
       org.opencontainers.image.description="Adaptive concurrency gateway for LLM inference servers" \
       org.opencontainers.image.licenses="Apache-2.0"
-# A fixed, unprivileged uid/gid (no login shell, no home) so volume permissions are predictable.
+# A fixed, unprivileged uid/gid (no login shell, no home) so volume permissions are predictable. The base
+# image's own pip, setuptools and wheel go too: the gateway runs from its virtualenv and needs none of them,
+# and scanners rightly flag the old setuptools the base image carries.
 RUN groupadd --system --gid 10001 sweetspot \
     && useradd --system --uid 10001 --gid sweetspot --no-create-home --home-dir /nonexistent \
-       --shell /usr/sbin/nologin sweetspot
+       --shell /usr/sbin/nologin sweetspot \
+    && rm -rf /usr/local/lib/python3.*/site-packages/pip /usr/local/lib/python3.*/site-packages/pip-* \
+       /usr/local/lib/python3.*/site-packages/setuptools /usr/local/lib/python3.*/site-packages/setuptools-* \
+       /usr/local/lib/python3.*/site-packages/_distutils_hack \
+       /usr/local/lib/python3.*/site-packages/distutils-precedence.pth \
+       /usr/local/lib/python3.*/site-packages/wheel /usr/local/lib/python3.*/site-packages/wheel-* \
+       /usr/local/bin/pip /usr/local/bin/pip3 /usr/local/bin/pip3.* /usr/local/bin/wheel
 COPY --from=build /opt/sweetspot /opt/sweetspot
 ENV PATH="/opt/sweetspot/bin:${PATH}" \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -49,7 +49,16 @@ class Settings(BaseSettings, ControllerKnobs):
     # --- listening -------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in containers).")
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Least severe log record written; 'warning' drops the access log and limit changes."
+    )
+    log_format: Literal["json", "text"] = Field(
+        "json", description="json: one JSON object per line (for log collectors); text: for a person at a terminal."
+    )
+    access_log: bool = Field(True, description="One log line per answered request (logger sweetspot.access).")
+    event_loop_lag_interval_s: float = Field(
+        0.5, gt=0, description="How often the event loop's lag is measured (sweetspot_event_loop_lag_seconds).",
+    )
     drain_timeout_s: float = Field(
         300.0, ge=0,
         description="On SIGTERM: how long running requests may take to finish. /readyz turns 503 at once, new and "
@@ -164,6 +173,12 @@ class Settings(BaseSettings, ControllerKnobs):
     )
     sweep_result: Path | None = Field(
         None, description="A `sweetspot sweep` JSON result: the controller starts at its sweet spot."
+    )
+    backend_max_seqs: int | None = Field(
+        None, ge=1,
+        description="The backend's own cap on concurrently running requests (vLLM --max-num-seqs; llama-server's "
+        "--parallel is read from /props). The hard cap on the limit never exceeds it; vLLM does not publish it, "
+        "so set it for vLLM. With R gateway replicas in front of one server, keep limit_max x R within it.",
     )
     kv_capacity_tokens: int | None = Field(
         None, ge=1,

@@ -27,6 +27,7 @@ from gateway.server.routes import ops as ops_routes
 from gateway.server.routes import proxied as proxied_routes
 from gateway.server.upstreams import Upstream
 from gateway.settings import Settings
+from gateway.telemetry.loop_lag import LoopLagProbe
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.nvml import GpuSource
 
@@ -51,6 +52,8 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source
     gateway = gateway or Gateway.build(settings)
     _bind_gauges(gateway)
     control_loop = ControlLoop.build(gateway, gpu_source)
+    loop_lag = LoopLagProbe(settings.event_loop_lag_interval_s, gateway.metrics.event_loop_lag,
+                            gateway.metrics.event_loop_lag_hist)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -61,6 +64,7 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source
             every(settings.health_interval_s, poll, "health poll"),
             every(settings.metrics_interval_s, control_loop.scrape, "backend scrape"),
             every(settings.nvml_interval_s, control_loop.read_gpus, "NVML read"),
+            every(settings.event_loop_lag_interval_s, loop_lag.tick, "event-loop lag"),
         ]
         if control_loop.controls:
             loops.append(every(settings.control_interval_s, control_loop.control, "controller tick"))

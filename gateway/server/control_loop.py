@@ -15,9 +15,10 @@ None of this is on the request path; a failure in one loop is logged and the loo
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass, field
+
+from prometheus_client import Gauge
 
 from gateway.control.algorithm import Decision
 from gateway.control.config import AimdConfig
@@ -32,6 +33,8 @@ from gateway.server.upstreams import Upstream
 log = logging.getLogger("sweetspot.controller")
 
 NOT_SCRAPED = BackendSnapshot(kind="openai", error="not scraped yet")
+# The `reason` label values of sweetspot_upstream_retries_total (upstream_client.py, routes/proxied.py).
+RETRY_REASONS = ("stale_connection", "failover")
 
 
 @dataclass
@@ -51,10 +54,15 @@ class ControlLoop:
         loop = cls(gateway, gpu_source or NvmlSource(settings.gpus))
         starts = load_start_points(settings.sweep_result, [upstream.name for upstream in gateway.pool])
         config = AimdConfig.from_settings(settings)
+        for objective, value in (("ttft_p99", settings.ttft_p99_slo_s), ("tpot_p99", settings.tpot_p99_slo_s)):
+            _set_or_absent(gateway.metrics.objective, objective, value)
         for upstream in gateway.pool:
             start = starts.get(upstream.name)
-            gateway.metrics.sweet_spot.labels(upstream.name).set(0)
-            gateway.metrics.sweep_peak_tokens_per_s.labels(upstream.name).set(0)
+            # Series that exist from the start at 0 (a counter nothing has incremented yet is a real 0),
+            # so rate() over them is 0 rather than no data.
+            for reason in RETRY_REASONS:
+                gateway.metrics.upstream_retries.labels(upstream.name, reason)
+            gateway.metrics.backend_scrape_errors.labels(upstream.name)
             initial = start.limit if start is not None else settings.initial_limit
             initial = max(settings.limit_min, min(initial, settings.limit_max))
             upstream.limiter.set_limit(initial)
@@ -81,21 +89,21 @@ class ControlLoop:
 
     # --- gauges read at scrape time ---------------------------------------------------------------
     def _bind_gauges(self, upstream: Upstream) -> None:
+        """What the backend does not report stays absent from /metrics (the readers return None)."""
         metrics, name, clock = self.gateway.metrics, upstream.name, self.gateway.clock
         scraper = self.scrapers[name]
-
-        def nan_if_none(value: float | None) -> float:
-            return float("nan") if value is None else float(value)
+        reading_since = clock()
 
         def age() -> float:
             value = scraper.latest.age(clock())
-            return float("inf") if value is None else value
+            return clock() - reading_since if value is None else value
 
-        metrics.backend_kv_usage.labels(name).set_function(lambda: nan_if_none(scraper.latest.kv_usage))
-        metrics.backend_running.labels(name).set_function(lambda: nan_if_none(scraper.latest.running))
-        metrics.backend_waiting.labels(name).set_function(lambda: nan_if_none(scraper.latest.waiting))
-        metrics.backend_preemptions.labels(name).set_function(lambda: nan_if_none(scraper.latest.preemptions_total))
-        metrics.backend_metrics_age.labels(name).set_function(age)
+        labels = (name,)
+        metrics.backend_kv_usage.bind(labels, lambda: scraper.latest.kv_usage)
+        metrics.backend_running.bind(labels, lambda: scraper.latest.running)
+        metrics.backend_waiting.bind(labels, lambda: scraper.latest.waiting)
+        metrics.backend_preemptions.bind(labels, lambda: scraper.latest.preemptions_total)
+        metrics.backend_metrics_age.bind(labels, age)
 
     # --- loops --------------------------------------------------------------------------------------
     async def scrape(self) -> None:
@@ -128,7 +136,7 @@ class ControlLoop:
         snapshot = scraper.latest if scraper is not None else NOT_SCRAPED
         state = LimiterState(limit=limiter.limit, inflight=limiter.inflight, peak_inflight=limiter.take_peak(),
                              queue_depth=gateway.queue.depth_for(upstream.name))
-        cap = hard_cap(snapshot, upstream, gateway.settings.kv_capacity_tokens, now)
+        cap = hard_cap(snapshot, upstream, gateway.settings.kv_capacity_tokens, gateway.settings.backend_max_seqs, now)
         decision = control.tick(now, upstream.window, state, self.headroom(snapshot), hard_cap=cap,
                                 tokens_total=upstream.window.tokens_total)
         if decision.limit != limiter.limit:
@@ -136,14 +144,14 @@ class ControlLoop:
             gateway.queue.dispatch()
         metrics = gateway.metrics
         metrics.decisions.labels(upstream.name, decision.action.value, decision.reason.value).inc()
-        metrics.hard_cap.labels(upstream.name).set(cap or 0)
+        _set_or_absent(metrics.hard_cap, upstream.name, cap)
         stats = control.last_stats
         if stats is not None:
             metrics.window_tokens_per_s.labels(upstream.name).set(stats.output_tokens_per_s)
-            metrics.window_ttft_p99.labels(upstream.name).set(_or_nan(stats.upstream_ttft_p99))
-            metrics.window_tpot_p99.labels(upstream.name).set(_or_nan(stats.tpot_p99))
+            _set_or_absent(metrics.window_ttft_p99, upstream.name, stats.upstream_ttft_p99)
+            _set_or_absent(metrics.window_tpot_p99, upstream.name, stats.tpot_p99)
         if decision.changed:
-            log.info(json.dumps(control.log_fields(decision), default=str))
+            log.info("limit changed", extra=control.log_fields(decision))
         return decision
 
     def headroom(self, snapshot: BackendSnapshot) -> Headroom:
@@ -160,20 +168,30 @@ class ControlLoop:
         self.gpu_source.close()
 
 
-def hard_cap(snapshot: BackendSnapshot, upstream: Upstream, planned_kv_tokens: int | None, now: float) -> int | None:
-    """The most concurrency the upstream can hold: llama-server's slots, or KV capacity divided by the
-    typical request's footprint (prompt + output tokens of recent requests). None when unknown."""
+def hard_cap(snapshot: BackendSnapshot, upstream: Upstream, planned_kv_tokens: int | None,
+             max_seqs: int | None, now: float) -> int | None:
+    """The most concurrency the upstream can hold: the smallest of what is known of its scheduler's own
+    cap (llama-server's slots; vLLM's ``--max-num-seqs``, which it does not publish, so it comes from
+    ``backend_max_seqs``) and its KV capacity divided by the typical request's footprint (prompt + output
+    tokens of recent requests). Past the scheduler's cap requests only wait inside the backend, where the
+    gateway can neither order nor time them out. None when nothing is known."""
+    caps: list[int] = []
     if snapshot.total_slots:
-        return int(snapshot.total_slots)
+        caps.append(int(snapshot.total_slots))
+    if max_seqs:
+        caps.append(max_seqs)
     capacity = snapshot.kv_capacity_tokens or planned_kv_tokens
-    if not capacity:
-        return None
-    stats = upstream.window.stats(now)
-    if stats.mean_prompt_tokens is None or stats.mean_output_tokens is None:
-        return None
-    footprint = max(stats.mean_prompt_tokens + stats.mean_output_tokens, 1.0)
-    return max(int(capacity // footprint), 1)
+    if capacity:
+        stats = upstream.window.stats(now)
+        if stats.mean_prompt_tokens is not None and stats.mean_output_tokens is not None:
+            footprint = max(stats.mean_prompt_tokens + stats.mean_output_tokens, 1.0)
+            caps.append(max(int(capacity // footprint), 1))
+    return min(caps) if caps else None
 
 
-def _or_nan(value: float | None) -> float:
-    return float("nan") if value is None else value
+def _set_or_absent(gauge: Gauge, label: str, value: float | None) -> None:
+    """Unknown is no series, not NaN or 0: a NaN poisons every sum it joins, a 0 reads as a real cap."""
+    if value is None:
+        gauge.remove(label)
+    else:
+        gauge.labels(label).set(value)

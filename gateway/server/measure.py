@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.control.window import Outcome, RequestSample
 from gateway.telemetry.metrics import GatewayMetrics
@@ -21,6 +22,7 @@ from gateway.server.upstreams import Upstream
 class RequestTracker:
     arrived: float
     clock: Callable[[], float] = time.monotonic
+    model: str = ""  # the served model the request named, once it is known to exist (a metric label)
     upstream: Upstream | None = None
     admitted: float | None = None
     queue_wait: float = 0.0
@@ -29,6 +31,8 @@ class RequestTracker:
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     streamed: bool = False
+    outcome: Outcome | None = None  # how it ended upstream, once finished
+    finished: float | None = None
     done: bool = field(default=False, repr=False)
 
     def admit(self, upstream: Upstream, admitted: float, queue_wait: float) -> None:
@@ -65,7 +69,7 @@ class RequestTracker:
             arrived=self.arrived, admitted=self.admitted, finished=now, first_token=None,
             prompt_tokens=0, output_tokens=0, outcome=Outcome.UPSTREAM_ERROR, streamed=self.streamed,
         ))
-        metrics.child(metrics.upstream_requests, self.upstream.name, Outcome.UPSTREAM_ERROR.value).inc()
+        metrics.child(metrics.upstream_requests, self.upstream.name, Outcome.UPSTREAM_ERROR.value, self.model).inc()
 
     def finish(self, outcome: Outcome, metrics: GatewayMetrics) -> RequestSample | None:
         """Record the request once (later calls are no-ops). Returns the sample it recorded."""
@@ -73,6 +77,7 @@ class RequestTracker:
             return None
         self.done = True
         now = self.clock()
+        self.outcome, self.finished = outcome, now
         upstream = self.upstream
         output = self.output_tokens if self.output_tokens is not None else self.streamed_tokens
         correction = output - self.streamed_tokens
@@ -89,14 +94,18 @@ class RequestTracker:
             streamed=self.streamed,
         )
         upstream.window.add(sample)
-        label = upstream.name
+        label, model = upstream.name, self.model
         child = metrics.child
-        child(metrics.upstream_requests, label, outcome.value).inc()
+        child(metrics.upstream_requests, label, outcome.value, model).inc()
         if self.prompt_tokens:
-            child(metrics.prompt_tokens, label).inc(self.prompt_tokens)
+            child(metrics.prompt_tokens, label, model).inc(self.prompt_tokens)
         if output > 0:
-            child(metrics.output_tokens, label).inc(output)
+            child(metrics.output_tokens, label, model).inc(output)
         if outcome is Outcome.OK:
+            # Sizes of completed requests only: a cancelled one's output says when the client left.
+            if self.prompt_tokens is not None:
+                child(metrics.request_prompt_tokens, label, model).observe(self.prompt_tokens)
+            child(metrics.request_output_tokens, label, model).observe(output)
             child(metrics.e2e, label).observe(sample.e2e)
             ttft, upstream_ttft, tpot = sample.ttft, sample.upstream_ttft, sample.tpot
             if ttft is not None and upstream_ttft is not None:
@@ -105,3 +114,22 @@ class RequestTracker:
             if tpot is not None:
                 child(metrics.tpot, label).observe(tpot)
         return sample
+
+    def access_fields(self) -> dict[str, Any]:
+        """The access log's view of the request: where it went, how long each part took, its tokens.
+        Times in seconds; a field that does not apply (no upstream, no first token) is null."""
+        end = self.finished if self.finished is not None else self.clock()
+        upstream = self.upstream
+        first = self.first_token if self.streamed else None
+        output = self.output_tokens if self.output_tokens is not None else self.streamed_tokens
+        return {
+            "upstream": upstream.name if upstream is not None else None,
+            "model": self.model or None,
+            "outcome": self.outcome.value if self.outcome is not None else None,
+            "streamed": self.streamed,
+            "queue_wait_s": round(self.queue_wait, 6),
+            "ttft_s": round(first - self.arrived, 6) if first is not None else None,
+            "e2e_s": round(end - self.arrived, 6),
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": output if upstream is not None else None,
+        }

@@ -37,11 +37,12 @@ log = logging.getLogger("sweetspot.serving")
 def run(config: Path | None = None, **flags: Any) -> None:
     """Build the gateway from settings (flags, env, TOML) and serve it until SIGINT/SIGTERM."""
     from gateway.server.app import create_server_app
+    from gateway.server.logs import configure_logging
     from gateway.server.drain import drain
     from gateway.server.front_door import FrontDoorLimits, guarded_protocol
 
     settings = load_settings(config, **flags)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format, access_log=settings.access_log)
     app = create_server_app(settings)
     rejections = app.gateway.metrics.rejections
     limits = FrontDoorLimits(max_connections=settings.max_connections, max_header_bytes=settings.max_header_bytes,

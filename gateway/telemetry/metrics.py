@@ -10,11 +10,26 @@ Each :func:`create_app` builds its own :class:`GatewayMetrics` on its own regist
 
 from __future__ import annotations
 
-from typing import TypeVar, cast
+import math
+from collections.abc import Callable, Iterator
+from typing import Literal, TypeVar, cast
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 M = TypeVar("M", Counter, Gauge, Histogram)
+Reader = Callable[[], float | None]
 
 # `_created` series double the exposition size for no dashboard use (vLLM turns them off too).
 disable_created_metrics()
@@ -30,10 +45,57 @@ TPOT_BUCKETS = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
     0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
 )
+# Tokens per request: a one-word answer to a book-length prompt.
+PROMPT_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+OUTPUT_TOKEN_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+# How late a timer of the event loop fires: a healthy proxy stays under a millisecond; tens of
+# milliseconds delay every stream's chunks and first tokens.
+LOOP_LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 # The gateway's own cost per request: tens of microseconds to a few milliseconds.
 OVERHEAD_BUCKETS = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 )
+
+
+def priority_label(priority: int) -> str:
+    """The ``priority`` label of a request: its sign only. The header is the client's integer, and every
+    distinct value would be a new series; what an operator compares is above, at and below the default."""
+    return "high" if priority > 0 else "low" if priority < 0 else "normal"
+
+
+class ReadAtScrape(Collector):
+    """A family whose values are read from live objects when Prometheus scrapes.
+
+    A reader that returns None (or a non-finite number) leaves its series out of that scrape: an unknown
+    value is absent, never NaN, so ``absent()``, ``or`` and alert expressions see "no data" for what it is
+    instead of a number that poisons every sum it joins. ``kind="counter"`` exports a cumulative value
+    read from elsewhere (a backend's own counter) with the counter type, so ``rate()`` handles its resets.
+    """
+
+    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...], registry: CollectorRegistry,
+                 kind: Literal["gauge", "counter"] = "gauge") -> None:
+        self.name, self.documentation, self.labelnames, self.kind = name, documentation, labelnames, kind
+        self._readers: dict[tuple[str, ...], Reader] = {}
+        registry.register(self)
+
+    def bind(self, labels: tuple[str, ...], reader: Reader) -> None:
+        self._readers[labels] = reader
+
+    def _family(self) -> GaugeMetricFamily | CounterMetricFamily:
+        if self.kind == "counter":
+            return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        for labels, reader in list(self._readers.items()):
+            value = reader()
+            if value is not None and math.isfinite(value):
+                family.add_metric(list(labels), float(value))
+        yield family
 
 
 class GatewayMetrics:
@@ -45,11 +107,26 @@ class GatewayMetrics:
         r = self.registry
 
         self.info = Info("sweetspot", "Gateway build information.", registry=r)
+        # The standard process_*, python_info and python_gc_* series (CPU, memory, file descriptors, GC
+        # pauses), as every Python exporter has them, on this registry rather than the global one.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.event_loop_lag = Gauge(
+            "sweetspot_event_loop_lag_seconds",
+            "How late the latest periodic timer of the event loop fired: time the single loop spent busy "
+            "before it could run it. The first sign of a saturated proxy.", registry=r,
+        )
+        self.event_loop_lag_hist = Histogram(
+            "sweetspot_event_loop_lag_distribution_seconds", "Every measured event-loop lag.",
+            buckets=LOOP_LAG_BUCKETS, registry=r,
+        )
 
         # --- requests, as the clients see them -----------------------------------------------------
         self.requests = Counter(
-            "sweetspot_requests", "Client requests answered, by route and HTTP status.",
-            ["route", "status"], registry=r,
+            "sweetspot_requests",
+            "Client requests answered, by route, HTTP status and model (empty before the model is known).",
+            ["route", "status", "model"], registry=r,
         )
         self.rejections = Counter(
             "sweetspot_rejections",
@@ -62,8 +139,10 @@ class GatewayMetrics:
         self.queue_depth = Gauge("sweetspot_queue_depth", "Requests waiting for a permit.", registry=r)
         self.queue_capacity = Gauge("sweetspot_queue_capacity", "Configured max_queue.", registry=r)
         self.queue_wait = Histogram(
-            "sweetspot_queue_wait_seconds", "Time requests spent queued before admission (admitted ones).",
-            buckets=LATENCY_BUCKETS, registry=r,
+            "sweetspot_queue_wait_seconds",
+            "Time requests spent queued, by how the wait ended (admitted, timed_out, client_gone, rejected) "
+            "and priority (high, normal, low: the sign of the priority header).",
+            ["outcome", "priority"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.inflight = Gauge(
             "sweetspot_inflight", "Requests admitted to the upstream and not finished.", ["upstream"], registry=r
@@ -94,16 +173,24 @@ class GatewayMetrics:
         )
         self.prompt_tokens = Counter(
             "sweetspot_prompt_tokens", "Prompt tokens of finished requests (from upstream usage).",
-            ["upstream"], registry=r,
+            ["upstream", "model"], registry=r,
         )
         self.output_tokens = Counter(
             "sweetspot_output_tokens", "Output tokens of finished requests (from upstream usage).",
-            ["upstream"], registry=r,
+            ["upstream", "model"], registry=r,
+        )
+        self.request_prompt_tokens = Histogram(
+            "sweetspot_request_prompt_tokens", "Prompt tokens per finished request that reported usage.",
+            ["upstream", "model"], buckets=PROMPT_TOKEN_BUCKETS, registry=r,
+        )
+        self.request_output_tokens = Histogram(
+            "sweetspot_request_output_tokens", "Output tokens per finished request.",
+            ["upstream", "model"], buckets=OUTPUT_TOKEN_BUCKETS, registry=r,
         )
         self.upstream_requests = Counter(
             "sweetspot_upstream_requests",
             "Requests sent upstream, by outcome (ok, upstream_error, client_cancelled, timed_out, client_error).",
-            ["upstream", "outcome"], registry=r,
+            ["upstream", "outcome", "model"], registry=r,
         )
         self.upstream_retries = Counter(
             "sweetspot_upstream_retries",
@@ -128,24 +215,32 @@ class GatewayMetrics:
         )
         self.window_ttft_p99 = Gauge(
             "sweetspot_window_upstream_ttft_p99_seconds",
-            "p99 TTFT net of queue wait over the sliding window.", ["upstream"], registry=r,
+            "p99 TTFT net of queue wait over the sliding window (absent while the window has none).",
+            ["upstream"], registry=r,
         )
         self.window_tpot_p99 = Gauge(
-            "sweetspot_window_tpot_p99_seconds", "p99 TPOT over the sliding window.", ["upstream"], registry=r,
+            "sweetspot_window_tpot_p99_seconds", "p99 TPOT over the sliding window (absent while the window has none).",
+            ["upstream"], registry=r,
         )
         self.sweet_spot = Gauge(
             "sweetspot_sweep_sweet_spot",
-            "Sweet spot measured by `sweetspot sweep` for the upstream (0 when none was given).",
+            "Sweet spot measured by `sweetspot sweep` for the upstream (absent when none was given).",
             ["upstream"], registry=r,
         )
         self.sweep_peak_tokens_per_s = Gauge(
             "sweetspot_sweep_peak_tokens_per_second",
-            "Peak output tokens/s measured by `sweetspot sweep` (the controller's reference).",
+            "Peak output tokens/s measured by `sweetspot sweep` (the controller's reference; absent without one).",
             ["upstream"], registry=r,
+        )
+        self.objective = Gauge(
+            "sweetspot_objective_seconds",
+            "The latency objectives the controller holds (objective: ttft_p99, tpot_p99); absent when unset. "
+            "Alerts compare what clients see with them.", ["objective"], registry=r,
         )
         self.hard_cap = Gauge(
             "sweetspot_limit_hard_cap",
-            "Upper bound on the limit learned from the upstream (slots, KV capacity); 0 when unknown.",
+            "Upper bound on the limit from the upstream's real capacity (slots, --max-num-seqs, KV capacity); "
+            "absent when unknown.",
             ["upstream"], registry=r,
         )
 
@@ -156,25 +251,28 @@ class GatewayMetrics:
         self.gpu_utilization_ratio = Gauge(
             "sweetspot_gpu_utilization_ratio", "NVML GPU utilisation (0-1), per GPU.", ["gpu"], registry=r
         )
-        self.backend_kv_usage = Gauge(
+        # Read from each upstream's latest scrape; a value the backend does not report is absent.
+        upstream = ("upstream",)
+        self.backend_kv_usage = ReadAtScrape(
             "sweetspot_backend_kv_cache_usage_ratio",
-            "The backend's KV-cache usage (0-1) from its /metrics.", ["upstream"], registry=r,
+            "The backend's KV-cache usage (0-1) from its /metrics.", upstream, r,
         )
-        self.backend_running = Gauge(
-            "sweetspot_backend_requests_running", "Requests the backend reports running.", ["upstream"], registry=r
+        self.backend_running = ReadAtScrape(
+            "sweetspot_backend_requests_running", "Requests the backend reports running.", upstream, r,
         )
-        self.backend_waiting = Gauge(
-            "sweetspot_backend_requests_waiting",
-            "Requests the backend reports waiting in its own queue.", ["upstream"], registry=r,
+        self.backend_waiting = ReadAtScrape(
+            "sweetspot_backend_requests_waiting", "Requests the backend reports waiting in its own queue.", upstream, r,
         )
-        self.backend_preemptions = Gauge(
+        self.backend_preemptions = ReadAtScrape(
             "sweetspot_backend_preemptions",
-            "The backend's cumulative preemption count as last scraped.", ["upstream"], registry=r,
+            "The backend's own cumulative preemption counter as last scraped (resets when the backend restarts).",
+            upstream, r, kind="counter",
         )
-        self.backend_metrics_age = Gauge(
+        self.backend_metrics_age = ReadAtScrape(
             "sweetspot_backend_metrics_age_seconds",
-            "Seconds since the backend's /metrics were last read successfully (staleness).",
-            ["upstream"], registry=r,
+            "Seconds since the backend's /metrics were last read successfully (since the gateway started "
+            "reading them, before the first success).",
+            upstream, r,
         )
         self.backend_scrape_errors = Counter(
             "sweetspot_backend_scrape_errors", "Failed scrapes of the backend's /metrics.", ["upstream"], registry=r

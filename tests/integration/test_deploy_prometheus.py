@@ -70,6 +70,7 @@ class Stack:
     prom_url: str
     config: Path
     load: Counter[str] = field(default_factory=Counter)
+    sim_model: str = ""
 
     @property
     def gateway_port(self) -> int:
@@ -182,6 +183,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                    f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
             with start_process(cmd, ready_url=f"{prom_url}/-/ready", timeout=60) as prom:
                 s = Stack(sim, gateway, prom, prom_url, config)
+                with urllib.request.urlopen(f"{sim.url}/v1/models", timeout=10) as resp:
+                    s.sim_model = json.loads(resp.read())["data"][0]["id"]
                 started = time.time()
                 asyncio.run(drive_load(gateway.url, s.load))
                 loaded = time.time()
@@ -241,7 +244,9 @@ def grafana(expr: str, upstream: str) -> str:
 
 def gpu_only(expr: str) -> bool:
     """Expressions reading only NVML gauges: they have data only where the gateway sees an NVIDIA GPU."""
-    return all(name.startswith("sweetspot_gpu_") for name in re.findall(r"\b(sweetspot_\w+|vllm:\w+|up)\b", expr))
+    names = re.findall(r"\b(sweetspot_\w+|vllm:\w+|up|process_\w+|python_\w+)\b", expr)
+    assert names, f"no metric name recognised in {expr!r}"
+    return all(name.startswith("sweetspot_gpu_") for name in names)
 
 
 def nvml_gpus() -> int:
@@ -275,6 +280,56 @@ def test_load_queued_and_was_rejected(stack: Stack) -> None:
     waited = finite_series(stack.query("sum(sweetspot_queue_wait_seconds_count)"))
     assert float(waited[0]["value"][1]) >= stack.load["ok"]
     assert float(finite_series(stack.query(f"max_over_time(sweetspot_queue_depth[{RATE_WINDOW}])"))[0]["value"][1]) > 0
+
+
+def test_gateway_series_follow_the_conventions(stack: Stack) -> None:
+    """Standard process and GC series, the event-loop lag, queue wait for every outcome, a model label."""
+    for expr in ('process_cpu_seconds_total{job="sweetspot"}', 'process_resident_memory_bytes{job="sweetspot"}',
+                 'python_gc_collections_total{job="sweetspot"}', "sweetspot_event_loop_lag_seconds",
+                 "sweetspot_event_loop_lag_distribution_seconds_count"):
+        assert finite_series(stack.query(expr)), f"no {expr}"
+    by_outcome = {s["metric"]["outcome"]: float(s["value"][1]) for s in finite_series(
+        stack.query("sum by (outcome) (sweetspot_queue_wait_seconds_count)"))}
+    assert by_outcome["rejected"] == stack.load["429"], by_outcome  # every 429 was a (zero-length) wait too
+    assert by_outcome["admitted"] >= stack.load["ok"], by_outcome
+    priorities = {s["metric"]["priority"] for s in finite_series(
+        stack.query("sum by (priority) (sweetspot_queue_wait_seconds_count)"))}
+    assert priorities == {"normal"}  # the load sent no priority header
+    model = stack.sim_model
+    served = finite_series(stack.query(f'sum by (model) (sweetspot_requests_total{{status="200"}})'))
+    assert [s["metric"].get("model") for s in served] == [model]
+    assert finite_series(stack.query(f'sweetspot_output_tokens_total{{model="{model}"}}'))
+    assert finite_series(stack.query(f'sweetspot_request_output_tokens_count{{model="{model}"}}'))
+
+
+def test_the_gateways_exposition_has_no_nan_or_infinity(stack: Stack) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{stack.gateway.url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    assert samples
+    bad = [(s.name, s.labels, s.value) for s in samples if not math.isfinite(s.value)]
+    assert not bad, f"unknown values must be absent, not NaN/Inf: {bad}"
+
+
+def test_every_request_left_one_json_access_line(stack: Stack) -> None:
+    total = sum(stack.load.values())
+
+    def access_lines() -> list[dict[str, Any]]:
+        records = [json.loads(line) for line in stack.gateway.output().splitlines() if line.startswith("{")]
+        return [r for r in records if r.get("logger") == "sweetspot.access"]
+
+    lines = wait_for(f"{total} access lines", lambda: (found := access_lines()) and len(found) >= total and found)
+    assert len(lines) == total, f"{len(lines)} access lines for {total} requests"
+    assert len({line["request_id"] for line in lines}) == total
+    statuses = Counter("ok" if line["status"] == 200 else str(line["status"]) for line in lines)
+    assert statuses == stack.load
+    served = [line for line in lines if line["status"] == 200]
+    assert all(line["upstream"] == stack.sim.url and line["output_tokens"] > 0 and line["e2e_s"] > 0
+               and line["model"] == stack.sim_model for line in served)
+    refused = [line for line in lines if line["status"] == 429]
+    assert all(line["reason"] == "queue_full" and line["upstream"] is None for line in refused)
 
 
 def test_template_variable_lists_the_upstream(stack: Stack) -> None:
@@ -317,7 +372,7 @@ def test_rules_are_loaded_and_healthy(stack: Stack) -> None:
     assert rejection["state"] == "pending", rejection
     # Healthy upstream, fresh backend metrics: those alerts stay quiet.
     for quiet in ("SweetspotUpstreamUnhealthy", "SweetspotNoHealthyUpstream", "SweetspotGatewayDown", "VllmDown",
-                  "SweetspotBackendMetricsStale"):
+                  "SweetspotBackendMetricsStale", "SweetspotGatewayTargetAbsent", "SweetspotUpstreamErrorRatioHigh"):
         assert rules[quiet]["state"] == "inactive", rules[quiet]
 
 

@@ -204,5 +204,6 @@ def test_errors_name_the_upstream_never_its_url(processes) -> None:
         assert "upstream-1" in answers[0][2].decode()
         for _, _, payload in answers:
             assert port not in payload.decode() and "127.0.0.1" not in payload.decode()
-        status, _, payload = request(gw, "GET", "/readyz")
-        assert status == 503 and port not in payload.decode()
+        status, _, payload = request(gw, "GET", "/readyz")  # ready: the gateway answers, with 503s above
+        assert status == 200 and json.loads(payload)["any_upstream_healthy"] is False
+        assert port not in payload.decode()

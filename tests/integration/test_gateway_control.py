@@ -76,9 +76,10 @@ def test_starts_at_the_sweep_result_and_controls_under_load(processes, tmp_path:
     assert metric_value(f"{gw}/metrics", "sweetspot_backend_kv_cache_usage_ratio", {"upstream": sim}) is not None
     # Every limit change left one structured log line.
     gw_proc.stop()
-    changes = [json.loads(line.split("sweetspot.controller: ", 1)[1]) for line in gw_proc.output().splitlines()
-               if "sweetspot.controller: " in line and '"limit_change"' in line]
-    assert changes and all(c["upstream"] == sim and c["limit"] != c["previous"] for c in changes)
+    records = [json.loads(line) for line in gw_proc.output().splitlines() if line.startswith("{")]
+    changes = [r for r in records if r.get("event") == "limit_change"]
+    assert changes and all(c["logger"] == "sweetspot.controller" for c in changes)
+    assert all(c["upstream"] == sim and c["limit"] != c["previous"] for c in changes)
 
 
 def test_no_control_keeps_the_static_limit(processes) -> None:

@@ -403,21 +403,22 @@ def test_the_last_upstreams_own_5xx_reaches_the_client_in_its_shape(processes, s
     assert get_json(f"{gw}/state")["upstreams"][0]["inflight"] == 0
 
 
-def test_readyz_false_without_a_healthy_upstream(processes) -> None:
+def test_readyz_stays_ready_without_a_healthy_upstream_and_requests_get_503(processes) -> None:
+    """Readiness is the gateway's own: with every upstream down it still answers, and must, so clients get
+    a 503 with Retry-After rather than a Service with no endpoints. The body says the pool is down."""
     sim_proc = start_sim(processes, time_scale=10.0)
     gw = start_gateway(processes, [sim_proc.url], "--no-control").url
     model = model_of(sim_proc.url)
+    assert get_json(f"{gw}/readyz")["any_upstream_healthy"] is True
     sim_proc.stop()
     deadline = time.monotonic() + 10
-    status = 200
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"{gw}/readyz", timeout=5)
-        except urllib.error.HTTPError as err:
-            status = err.code
-            break
+    while get_json(f"{gw}/readyz")["any_upstream_healthy"] and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert status == 503
+    with urllib.request.urlopen(f"{gw}/readyz", timeout=5) as reply:
+        assert reply.status == 200
+        readiness = json.loads(reply.read())
+    assert readiness["ready"] is True and readiness["any_upstream_healthy"] is False
+    assert readiness["upstreams"]["upstream-1"]["healthy"] is False
     body = json.dumps({"model": model, "messages": CHAT}).encode()
     status, headers, payload = raw_post(f"{gw}/v1/chat/completions", body)
     assert status == 503 and headers["x-sweetspot-reason"] == "no_upstream"

@@ -54,6 +54,20 @@ def read_env_example() -> dict[str, str]:
     return values
 
 
+# Credentials the file refuses to default (``${VAR:?message}``): the tests supply a stand-in.
+SECRETS = {"GRAFANA_ADMIN_PASSWORD": "a-test-only-password"}
+
+
+class RequiredVariableUnset(AssertionError):
+    """``${VAR:?message}`` met an unset or empty VAR: Compose stops here with the message."""
+
+
+def required_variables(node: Any) -> set[str]:
+    """Variables written ``${VAR:?message}`` or ``${VAR?message}``: no default on purpose."""
+    text = json.dumps(node)
+    return {m.group("braced") for m in _VAR.finditer(text) if m.group("op") in (":?", "?")}
+
+
 def variables(node: Any) -> list[tuple[str, str | None]]:
     """Every interpolated variable in the document, with the default the file gives it (or None)."""
     found: list[tuple[str, str | None]] = []
@@ -90,6 +104,8 @@ def interpolate(node: Any, env: dict[str, str]) -> Any:
         value = env.get(name)
         if op == ":-" and not value or op == "-" and value is None:
             return arg
+        if op == ":?" and not value or op == "?" and value is None:
+            raise RequiredVariableUnset(f"{name}: {arg}")
         if value is None:
             raise AssertionError(f"${{{name}}} is unset and has no default")
         return value
@@ -111,7 +127,7 @@ def env_example() -> dict[str, str]:
 def compose(request: pytest.FixtureRequest, raw: dict[str, Any], env_example: dict[str, str]) -> dict[str, Any]:
     """The compose file as Docker would see it without a .env, and with .env copied from .env.example."""
     env = {} if request.param == "file defaults" else env_example
-    return interpolate(raw, env)
+    return interpolate(raw, {**env, **SECRETS})
 
 
 def active_services(doc: dict[str, Any], profile: str) -> dict[str, dict[str, Any]]:
@@ -170,14 +186,61 @@ def test_every_variable_is_documented_in_env_example_with_the_same_default(
 ) -> None:
     used = variables(raw)
     assert used, "no ${VAR} in docker-compose.yml?"
+    required = required_variables(raw)
     for name, default in used:
         assert name in env_example, f"${{{name}}} is used in docker-compose.yml but not documented in .env.example"
+        if name in required:
+            assert env_example[name] == "", f"{name} is a credential: .env.example must leave it empty"
+            continue
         assert default is not None, f"${{{name}}} has no default in docker-compose.yml: the stack needs a .env to start"
         assert env_example[name] == default, (
             f"{name}: docker-compose.yml defaults to {default!r}, .env.example says {env_example[name]!r}"
         )
     unused = set(env_example) - {name for name, _ in used} - {"COMPOSE_PROFILES"}
     assert not unused, f".env.example documents variables docker-compose.yml never uses: {sorted(unused)}"
+
+
+def test_credentials_have_no_default(raw: dict[str, Any], env_example: dict[str, str]) -> None:
+    """Grafana's admin password must be chosen: neither the file nor .env.example as shipped starts the stack."""
+    assert required_variables(raw) == set(SECRETS)
+    for env in ({}, env_example):
+        with pytest.raises(RequiredVariableUnset, match="GRAFANA_ADMIN_PASSWORD"):
+            interpolate(raw, env)
+    grafana = interpolate(raw, {**env_example, **SECRETS})["services"]["grafana"]["environment"]
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == SECRETS["GRAFANA_ADMIN_PASSWORD"]
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false" and grafana["GF_USERS_ALLOW_SIGN_UP"] == "false"
+
+
+def published(svc: dict[str, Any]) -> list[tuple[str | None, str, str]]:
+    """(host address or None for every interface, host port, container port) of each published port."""
+    found = []
+    for port in svc.get("ports", []):
+        parts = str(port).split(":")
+        host_ip = parts[0] if len(parts) == 3 else None
+        found.append((host_ip, parts[-2], parts[-1]))
+    return found
+
+
+def test_every_published_port_listens_on_loopback_by_default(compose: dict[str, Any]) -> None:
+    ports = {name: published(svc) for name, svc in compose["services"].items() if svc.get("ports")}
+    assert {"sweetspot", "sweetspot-sim", "prometheus", "grafana"} <= set(ports)
+    for name, entries in ports.items():
+        for host_ip, _, _ in entries:
+            assert host_ip == "127.0.0.1", f"{name} publishes on {host_ip or 'every interface'}, not loopback"
+
+
+def test_each_published_port_can_be_exposed_deliberately(raw: dict[str, Any]) -> None:
+    """One *_BIND_ADDRESS variable per published service, so exposing one exposes nothing else."""
+    exposed = interpolate(raw, {**SECRETS, "GRAFANA_BIND_ADDRESS": "0.0.0.0"})
+    for name, svc in exposed["services"].items():
+        for host_ip, _, _ in published(svc):
+            assert host_ip == ("0.0.0.0" if name == "grafana" else "127.0.0.1"), name
+
+
+def test_prometheus_has_no_lifecycle_or_admin_api(compose: dict[str, Any]) -> None:
+    """--web.enable-lifecycle lets anyone who reaches Prometheus POST /-/quit; the admin API deletes series."""
+    command = compose["services"]["prometheus"]["command"]
+    assert not [arg for arg in command if arg.startswith(("--web.enable-lifecycle", "--web.enable-admin-api"))]
 
 
 def test_env_example_selects_a_real_profile(raw: dict[str, Any], env_example: dict[str, str]) -> None:
@@ -265,10 +328,16 @@ def test_gateway_environment_is_made_of_real_settings(compose: dict[str, Any], m
 def test_gateway_gets_read_only_gpu_access_for_nvml_and_vllm_gets_the_gpu(compose: dict[str, Any]) -> None:
     gateway = compose["services"]["sweetspot"]
     assert gateway["environment"]["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
-    devices = gateway["deploy"]["resources"]["reservations"]["devices"]
-    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["utility"]}]
-    vllm_devices = compose["services"]["vllm"]["deploy"]["resources"]["reservations"]["devices"]
-    assert [d["capabilities"] for d in vllm_devices] == [["gpu"]]
+    assert "NVIDIA_VISIBLE_DEVICES" not in gateway["environment"], "the device request says which GPUs"
+    (devices,) = gateway["deploy"]["resources"]["reservations"]["devices"]
+    (vllm_devices,) = compose["services"]["vllm"]["deploy"]["resources"]["reservations"]["devices"]
+    assert vllm_devices["capabilities"] == ["gpu"] and devices["capabilities"] == ["utility"]
+    # The gateway's NVML must read the GPUs vLLM runs on, not every GPU of the host: Docker hands a
+    # `count: N` request GPUs 0..N-1, so equal counts mean the same cards.
+    assert devices["count"] != "all"
+    assert devices["count"] == vllm_devices["count"]
+    command = compose["services"]["vllm"]["command"]
+    assert dict(zip(command[::2], command[1::2]))["--tensor-parallel-size"] == str(vllm_devices["count"])
     for name in ("sim", "sweetspot-sim"):
         assert "deploy" not in compose["services"][name], f"{name} must run without a GPU"
 
@@ -282,6 +351,18 @@ def test_vllm_options_come_from_the_environment_file(raw: dict[str, Any]) -> Non
     assert options["--port"] == "8000"
     health = " ".join(raw["services"]["vllm"]["healthcheck"]["test"])
     assert "/health" in health
+
+
+def test_the_gateways_limit_is_bounded_by_vllms_max_num_seqs(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM does not publish --max-num-seqs; the gateway gets the same value, so its hard cap knows it."""
+    command = compose["services"]["vllm"]["command"]
+    max_num_seqs = int(dict(zip(command[::2], command[1::2]))["--max-num-seqs"])
+    env = {k: str(v) for k, v in compose["services"]["sweetspot"]["environment"].items() if k.startswith("SWEETSPOT_")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings()
+    assert settings.backend_max_seqs == max_num_seqs
+    assert settings.limit_max <= max_num_seqs
 
 
 def test_sim_command_uses_real_cli_options(compose: dict[str, Any]) -> None:
@@ -351,11 +432,11 @@ def test_grafana_provisioning_resolves(compose: dict[str, Any]) -> None:
     host, port = source["url"].removeprefix("http://").split(":")
     assert host == "prometheus" and container_port(compose["services"]["prometheus"], int(port))
 
+    # The dashboard's `datasource` variable picks Grafana's default Prometheus datasource: the provisioned one.
+    assert source["type"] == "prometheus" and source["isDefault"] is True
     dashboard = json.loads((ROOT / "deploy/grafana/dashboards/sweetspot.json").read_text())
-    uids = {p["datasource"]["uid"] for p in dashboard["panels"] if "datasource" in p}
-    uids |= {t["datasource"]["uid"] for p in dashboard["panels"] for t in p.get("targets", [])}
-    uids |= {v["datasource"]["uid"] for v in dashboard["templating"]["list"]}
-    assert uids == {source["uid"]}, "the dashboard must use the provisioned datasource by its uid"
+    (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "datasource"]
+    assert variable["query"] == source["type"]
 
 
 def test_the_stop_grace_period_outlasts_the_drain(compose: dict[str, Any]) -> None:

@@ -94,8 +94,10 @@ def test_every_metric_named_exists(where: str, expr: str) -> None:
 def test_panels_cover_what_operators_need() -> None:
     titles = {title for title, _ in dashboard_targets(DASH)}
     for needed in ("Limit vs in-flight vs queued", "Output tokens/s", "Time to first token", "Time per output token",
-                   "Queue wait", "Rejections by reason", "Controller decisions by reason", "GPU headroom",
-                   "Upstream KV-cache usage", "Upstream running and waiting", "Gateway overhead"):
+                   "Queue wait (admitted)", "Rejections by reason", "Controller decisions by reason", "GPU headroom",
+                   "Upstream KV-cache usage", "Upstream running and waiting", "Gateway overhead",
+                   "Preemptions", "Retries and failovers", "Backend scrape errors", "Prompt tokens/s",
+                   "Queue wait by outcome", "Event-loop lag", "Tokens per request"):
         assert needed in titles, f"no panel {needed!r}"
 
 
@@ -131,3 +133,45 @@ def test_alerts_have_durations_severity_and_annotations() -> None:
         assert re.fullmatch(r"\d+[smh]", alert["for"]), alert["alert"]
         assert alert["labels"]["severity"] in ("warning", "critical"), alert["alert"]
         assert alert["annotations"]["summary"] and len(alert["annotations"]["description"]) > 80, alert["alert"]
+
+
+def all_datasources(node: Any) -> list[dict[str, Any]]:
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "datasource" and isinstance(value, dict):
+                found.append(value)
+            else:
+                found += all_datasources(value)
+    elif isinstance(node, list):
+        for item in node:
+            found += all_datasources(item)
+    return found
+
+
+def test_datasource_is_a_variable_so_the_dashboard_imports_anywhere() -> None:
+    """No hard-coded uid: imported into an existing Grafana (kube-prometheus-stack's), the `datasource`
+    variable offers that Grafana's Prometheus datasources instead of pointing at one that does not exist."""
+    (variable,) = [v for v in DASH["templating"]["list"] if v["name"] == "datasource"]
+    assert variable["type"] == "datasource" and variable["query"] == "prometheus"
+    assert DASH["templating"]["list"][0] is variable, "the datasource variable must come first: others query it"
+    sources = [d for d in all_datasources(DASH) if d.get("type") != "grafana"]
+    assert sources and all(d == {"type": "prometheus", "uid": "${datasource}"} for d in sources), sources
+
+
+def test_rates_not_range_increases() -> None:
+    """increase() over $__rate_interval changes value with the zoom level; a rate per second does not."""
+    for title, expr in dashboard_targets(DASH):
+        assert "increase(" not in expr, f"{title}: {expr}"
+
+
+def test_hard_cap_has_its_own_axis() -> None:
+    """A hard cap in the thousands beside a limit of 8 would flatten both on one axis."""
+    (panel,) = [p for p in DASH["panels"] if p["title"] == "Limit vs in-flight vs queued"]
+    (cap,) = [t for t in panel["targets"] if "sweetspot_limit_hard_cap" in t["expr"]]
+    overrides = [o for o in panel["fieldConfig"]["overrides"]
+                 if o["matcher"] == {"id": "byFrameRefID", "options": cap["refId"]}]
+    properties = {p["id"]: p["value"] for o in overrides for p in o["properties"]}
+    assert properties.get("custom.axisPlacement") == "right"
+    others = [t for t in panel["targets"] if t is not cap]
+    assert not any(o["matcher"].get("options") in {t["refId"] for t in others} for o in panel["fieldConfig"]["overrides"])

@@ -24,7 +24,9 @@ from gateway.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("kustomize.config.k8s.io/v1beta1", "Kustomization")}
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule"),
+                ("kustomize.config.k8s.io/v1beta1", "Kustomization")}
+ENV_FILE = K8S / "sweetspot.env"
 
 _LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
 _DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
@@ -124,7 +126,8 @@ def _id(item: tuple[str, dict[str, Any]]) -> str:
 
 def test_the_manifests_hold_what_a_multi_replica_deployment_needs() -> None:
     kinds = {doc["kind"] for _, doc in DOCS}
-    assert {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "ServiceMonitor", "StatefulSet"} <= kinds
+    assert {"Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor", "StatefulSet", "NetworkPolicy",
+            "PrometheusRule"} <= kinds
     assert one("Deployment", "sweetspot")["spec"]["replicas"] >= 2
     assert one("StatefulSet", "vllm")["spec"]["replicas"] >= 2
 
@@ -217,10 +220,19 @@ def test_pdb_leaves_room_to_drain_a_node() -> None:
 
 
 def gateway_env() -> dict[str, str]:
-    return one("ConfigMap", "sweetspot-config")["data"]
+    """sweetspot.env read the way kustomize reads an `envs:` file: KEY=VALUE lines, # comments, blanks."""
+    data: dict[str, str] = {}
+    for number, line in enumerate(ENV_FILE.read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        assert sep and key == key.strip() and key, f"sweetspot.env:{number}: not KEY=VALUE: {line!r}"
+        assert key not in data, f"sweetspot.env:{number}: {key} given twice"
+        data[key] = value
+    return data
 
 
-def test_configmap_is_made_of_real_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+def settings_from_env_file(monkeypatch: pytest.MonkeyPatch) -> Settings:
     data = gateway_env()
     fields = {f"SWEETSPOT_{name.upper()}" for name in Settings.model_fields}
     assert set(data) <= fields, f"not settings: {sorted(set(data) - fields)}"
@@ -228,9 +240,26 @@ def test_configmap_is_made_of_real_settings(monkeypatch: pytest.MonkeyPatch) -> 
         monkeypatch.delenv(key, raising=False)
     for key, value in data.items():
         monkeypatch.setenv(key, value)
-    settings = Settings()
+    return Settings()
+
+
+def test_config_is_generated_so_a_change_rolls_the_pods() -> None:
+    """configMapGenerator names the ConfigMap after a hash of its content and rewrites the Deployment's
+    reference: a changed setting changes the pod template, so the Deployment rolls."""
+    (kustomization,) = by_kind("Kustomization")
+    (generator,) = kustomization["configMapGenerator"]
+    assert generator["envs"] == [ENV_FILE.name]
+    assert not generator.get("options", {}).get("disableNameSuffixHash")
+    assert not kustomization.get("generatorOptions", {}).get("disableNameSuffixHash")
+    assert generator["namespace"] == "sweetspot"
+    assert not by_kind("ConfigMap"), "the gateway's ConfigMap comes from the generator, not a static manifest"
     container = one("Deployment", "sweetspot")["spec"]["template"]["spec"]["containers"][0]
-    assert container["envFrom"][0]["configMapRef"]["name"] == "sweetspot-config"
+    assert container["envFrom"][0]["configMapRef"]["name"] == generator["name"]
+
+
+def test_configmap_is_made_of_real_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = settings_from_env_file(monkeypatch)
+    container = one("Deployment", "sweetspot")["spec"]["template"]["spec"]["containers"][0]
     assert {p["name"]: p["containerPort"] for p in container["ports"]}["http"] == settings.port
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -266,6 +295,98 @@ def test_vllm_pods_get_a_gpu_each() -> None:
     container = one("StatefulSet", "vllm")["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def vllm_args() -> dict[str, str]:
+    args = one("StatefulSet", "vllm")["spec"]["template"]["spec"]["containers"][0]["args"]
+    return dict(zip(args[::2], args[1::2]))
+
+
+def test_the_gateways_together_stay_within_vllms_max_num_seqs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each replica holds its own limit per server; during a rolling update the surge pods hold one too.
+    All of them at limit_max must fit in what one vLLM server schedules (--max-num-seqs), or the excess
+    waits inside vLLM, out of the gateways' reach."""
+    settings = settings_from_env_file(monkeypatch)
+    max_num_seqs = int(vllm_args()["--max-num-seqs"])
+    assert settings.backend_max_seqs == max_num_seqs
+    deployment = one("Deployment", "sweetspot")
+    surge = deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"]
+    assert isinstance(surge, int), "a percentage surge cannot be checked; give a number"
+    pods = deployment["spec"]["replicas"] + surge
+    assert settings.limit_max * pods <= max_num_seqs, (
+        f"{pods} gateway pods x limit_max {settings.limit_max} > --max-num-seqs {max_num_seqs}")
+    assert settings.limit_min * pods <= settings.limit_max * pods <= max_num_seqs
+
+
+def test_only_the_gateways_and_prometheus_reach_vllm() -> None:
+    policy = one("NetworkPolicy", "vllm-ingress")
+    vllm = one("StatefulSet", "vllm")
+    assert selects(policy["spec"]["podSelector"]["matchLabels"], pod_labels(vllm))
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    gateway_labels = pod_labels(one("Deployment", "sweetspot"))
+    sources = rule["from"]
+    in_namespace = [p for p in sources if "namespaceSelector" not in p]
+    assert len(in_namespace) == 1 and selects(in_namespace[0]["podSelector"]["matchLabels"], gateway_labels)
+    (prometheus,) = [p for p in sources if "namespaceSelector" in p]
+    assert prometheus["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+    for source in sources:  # every source names its pods: no empty selector that lets every pod in
+        assert source["podSelector"].get("matchLabels")
+    port_names = {p["name"] for p in vllm["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert [p["port"] for p in rule["ports"]] == ["http"] and "http" in port_names
+
+
+def test_vllm_pods_tolerate_gpu_taints_and_get_time_to_finish() -> None:
+    pod = one("StatefulSet", "vllm")["spec"]["template"]["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    # Long generations in flight finish after SIGTERM: well over the 30 s default.
+    assert pod["terminationGracePeriodSeconds"] >= 120
+
+
+def test_gateway_pods_take_no_gpu() -> None:
+    """The gateway runs on CPU nodes; its GPU headroom comes from the backend's own metrics there."""
+    container = one("Deployment", "sweetspot")["spec"]["template"]["spec"]["containers"][0]
+    resources = container["resources"]
+    assert not any("gpu" in key for part in resources.values() for key in part)
+
+
+PROMETHEUS_RULE_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": {"type": "object", "required": ["name"],
+                     "properties": {"name": {"type": "string"}, "namespace": {"type": "string"},
+                                    "labels": _LABELS, "annotations": _LABELS}},
+        "spec": {
+            "type": "object", "additionalProperties": False, "required": ["groups"],
+            "properties": {"groups": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "additionalProperties": False, "required": ["name", "rules"],
+                "properties": {
+                    "name": {"type": "string"}, "interval": _DURATION,
+                    "rules": {"type": "array", "items": {
+                        "type": "object", "additionalProperties": False, "required": ["expr"],
+                        "properties": {"alert": {"type": "string"}, "record": {"type": "string"},
+                                       "expr": {"type": ["string", "integer"]}, "for": _DURATION,
+                                       "keep_firing_for": _DURATION, "labels": _LABELS, "annotations": _LABELS},
+                    }},
+                },
+            }}},
+        },
+    },
+}
+
+
+def test_prometheus_rule_matches_the_crd_shape() -> None:
+    rule = one("PrometheusRule", "sweetspot")
+    errors = list(jsonschema.Draft202012Validator(PROMETHEUS_RULE_SCHEMA).iter_errors(rule))
+    assert not errors, [f"{list(e.path)}: {e.message}" for e in errors]
+    broken = yaml.safe_load(yaml.safe_dump(rule))
+    broken["spec"]["groups"][0]["rules"][0]["annotation"] = {}
+    assert list(jsonschema.Draft202012Validator(PROMETHEUS_RULE_SCHEMA).iter_errors(broken))
 
 
 def test_the_grace_period_outlasts_the_drain() -> None:

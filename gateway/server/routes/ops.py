@@ -23,14 +23,19 @@ async def healthz() -> Response:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> Response:
-    """Ready when at least one upstream is healthy and the gateway is not draining; 503 otherwise, so load
-    balancers look elsewhere."""
+    """Ready when this gateway can take requests: it serves and is not draining, whatever its upstreams' health.
+
+    The upstreams are the same for every replica: if their health decided readiness, a pool that is down
+    would take every gateway out of its Service at once, and clients would get connection errors instead
+    of the 503 + Retry-After the gateway answers them (and a rollout would stall). Their state is in the
+    body and in ``sweetspot_upstream_healthy``, which the alerts watch."""
     gateway: Gateway = request.app.state.gateway
     upstreams = {u.public_name: {"healthy": u.healthy, "error": u.health_error} for u in gateway.pool}
     draining = gateway.drain.draining
-    ready = gateway.pool.any_healthy() and not draining
-    return JSONResponse({"ready": ready, "draining": draining, "upstreams": upstreams},
-                        status_code=200 if ready else 503)
+    ready = not draining
+    body = {"ready": ready, "draining": draining, "any_upstream_healthy": gateway.pool.any_healthy(),
+            "upstreams": upstreams}
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 def admin_denied(request: Request) -> Response | None:

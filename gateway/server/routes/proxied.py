@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.control.window import Outcome
-from gateway.server.admission import AdmissionError, Permit
+from gateway.server.admission import AdmissionError, Permit, QueueTimeout
 from gateway.server.drain import DRAIN_RETRY_AFTER_S
 from gateway.server.errors import error_response, sse_error_event
 from gateway.server.event_streams import NamedEventFilter
@@ -35,7 +35,9 @@ from gateway.server.sse import SSEFilter, StreamWatcher
 from gateway.server.streaming import ProxyStreamResponse
 from gateway.server.upstream_client import UpstreamFailed, UpstreamReply, UpstreamTimeout
 from gateway.server.upstream_headers import request_headers
+from gateway.server.logs import access_enabled, log_access
 from gateway.server.upstreams import Upstream
+from gateway.telemetry.metrics import priority_label
 
 router = APIRouter()
 log = logging.getLogger("sweetspot.api")
@@ -118,17 +120,27 @@ class _Forward:
         self.headers = RequestHeaders(scope["headers"], self.gateway.settings.priority_header)
         self.request_id = self.headers.request_id or secrets.token_hex(16)
         self.permit: Permit[Upstream] | None = None  # the permit held right now, for the last-resort clean-up
+        self.refused: str | None = None  # the rejection reason, when the gateway refused it itself
         self.watch: RequestWatch | None = None
 
     def _answer(self, response: Response) -> Response:
-        if not isinstance(response, ProxyStreamResponse):  # a stream is built with it
+        streams = isinstance(response, ProxyStreamResponse)
+        if not streams:  # a stream is built with it, and logged when it ends
             response.headers["x-request-id"] = self.request_id
+            self._log_access(response.status_code)
         metrics = self.gateway.metrics
-        metrics.child(metrics.requests, self.route.path, str(response.status_code)).inc()
+        metrics.child(metrics.requests, self.route.path, str(response.status_code), self.tracker.model).inc()
         return response
+
+    def _log_access(self, status: int) -> None:
+        if access_enabled():
+            log_access({"event": "access", "request_id": self.request_id, "method": "POST",
+                        "route": self.route.path, "status": status, "reason": self.refused,
+                        **self.tracker.access_fields()})
 
     def _refuse(self, status: int, message: str, reason: str, *, code: str | None = None,
                 param: str | None = None, retry_after_s: int | None = None) -> Response:
+        self.refused = reason
         self.gateway.metrics.rejections.labels(reason).inc()
         return self._answer(error_response(status, message, code=code or reason, param=param, reason=reason,
                                            retry_after_s=retry_after_s, dialect=self.route.dialect))
@@ -174,6 +186,7 @@ class _Forward:
         if not eligible:
             return self._refuse(404, f"the model `{model}` does not exist on any upstream", "model_not_found",
                                 param="model")
+        self.tracker.model = model  # served by an upstream: a bounded label value from here on
         previous = getattr(parsed, "previous_response_id", None)
         if previous is not None:
             # A conversation continues where its state is: the upstream that created the previous response.
@@ -227,16 +240,23 @@ class _Forward:
     async def _admit(self, eligible: list[str], priority: int, watch: RequestWatch) -> Permit[Upstream]:
         """Wait for a permit; a client that leaves first raises ClientGone and never reaches an upstream."""
         gateway = self.gateway
+        metrics = gateway.metrics
         waited_from = gateway.clock()
+        level = priority_label(priority)
         try:
             permit = await watch.guard(gateway.queue.acquire(
                 priority=priority, eligible=eligible, timeout_s=gateway.settings.queue_timeout_s))
         except ClientGone:
-            gateway.metrics.rejections.labels("client_disconnected").inc()
+            metrics.child(metrics.queue_wait, "client_gone", level).observe(gateway.clock() - waited_from)
+            metrics.rejections.labels("client_disconnected").inc()
+            raise
+        except (AdmissionError, ServerShutdown) as exc:
+            ended = "timed_out" if isinstance(exc, QueueTimeout) else "rejected"
+            metrics.child(metrics.queue_wait, ended, level).observe(gateway.clock() - waited_from)
             raise
         self.permit = permit
         queue_wait = permit.admitted - waited_from
-        gateway.metrics.queue_wait.observe(queue_wait)
+        metrics.child(metrics.queue_wait, "admitted", level).observe(queue_wait)
         self.tracker.admit(permit.target, permit.admitted, queue_wait)
         return permit
 
@@ -329,6 +349,7 @@ class _Forward:
             if named is not None and route.remembers_responses and named.response_id is not None:
                 self.gateway.responses.remember(named.response_id, permit.target.name)
             self._release(permit, outcome)
+            self._log_access(reply.status)
 
         def error_event(message: str, code: str, status: int) -> bytes:
             return sse_error_event(message, code=code, status=status, dialect=route.dialect,

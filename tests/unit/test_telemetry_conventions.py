@@ -1,0 +1,151 @@
+"""The gateway's metrics follow Prometheus' conventions, and its logs are JSON lines.
+
+Checked on the exposition text a scrape gets (what Prometheus parses), not on our own objects: the
+standard process/platform/GC series are there, an unknown value is an absent series (never NaN), the
+backend's preemption counter is exported as a counter, and the event-loop lag probe measures lateness.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.control.window import Outcome, RequestSample, SlidingWindow
+from gateway.server.admission import Limiter
+from gateway.server.control_loop import hard_cap
+from gateway.server.logs import configure_logging, log_access
+from gateway.server.upstreams import Upstream
+from gateway.telemetry.backends import BackendSnapshot
+from gateway.telemetry.loop_lag import LoopLagProbe
+from gateway.telemetry.metrics import GatewayMetrics, priority_label
+
+
+def scrape(metrics: GatewayMetrics) -> tuple[str, dict[str, str]]:
+    """The exposition text and each family's type, as Prometheus would read them."""
+    text = generate_latest(metrics.registry).decode()
+    types = {family.name: family.type for family in text_string_to_metric_families(text)}
+    return text, types
+
+
+def test_process_platform_and_gc_collectors_are_exported() -> None:
+    text, types = scrape(GatewayMetrics())
+    for family in ("process_cpu_seconds", "process_resident_memory_bytes", "process_open_fds", "python_info",
+                   "python_gc_collections"):
+        assert family in types, f"{family} missing from the exposition"
+    assert "sweetspot_event_loop_lag_seconds" in types
+
+
+def test_unknown_backend_values_are_absent_and_known_ones_exported() -> None:
+    metrics = GatewayMetrics()
+    known = {"kv": 0.5, "running": None, "preemptions": 7.0}
+    metrics.backend_kv_usage.bind(("http://a",), lambda: known["kv"])
+    metrics.backend_running.bind(("http://a",), lambda: known["running"])
+    metrics.backend_waiting.bind(("http://a",), lambda: float("nan"))
+    metrics.backend_preemptions.bind(("http://a",), lambda: known["preemptions"])
+    text, types = scrape(metrics)
+    values = [sample for family in text_string_to_metric_families(text) for sample in family.samples
+              if not sample.name.endswith("_bucket")]  # a histogram's +Inf bucket is a label, not a value
+    assert values and all(math.isfinite(sample.value) for sample in values), [s for s in values
+                                                                           if not math.isfinite(s.value)]
+    assert 'sweetspot_backend_kv_cache_usage_ratio{upstream="http://a"} 0.5' in text
+    assert "sweetspot_backend_requests_running{" not in text
+    assert "sweetspot_backend_requests_waiting{" not in text
+    # The backend's own cumulative counter keeps its counter type, so rate() and resets work on it.
+    assert types["sweetspot_backend_preemptions"] == "counter"
+    assert 'sweetspot_backend_preemptions_total{upstream="http://a"} 7.0' in text
+    known["kv"] = None  # the backend stopped reporting it: the series goes away with it
+    assert "sweetspot_backend_kv_cache_usage_ratio{" not in scrape(metrics)[0]
+
+
+def test_priority_label_is_bounded() -> None:
+    assert {priority_label(p) for p in range(-1000, 1000)} == {"high", "normal", "low"}
+    assert (priority_label(5), priority_label(0), priority_label(-2)) == ("high", "normal", "low")
+
+
+async def test_loop_lag_probe_records_how_late_each_tick_ran() -> None:
+    metrics = GatewayMetrics()
+    now = [100.0]
+    probe = LoopLagProbe(0.5, metrics.event_loop_lag, metrics.event_loop_lag_hist, clock=lambda: now[0])
+    await probe.tick()
+    assert probe.latest is None  # nothing to compare the first tick with
+    now[0] += 0.5 + 0.12  # the loop was busy for 120 ms past the timer
+    await probe.tick()
+    assert probe.latest == pytest.approx(0.12)
+    now[0] += 0.5
+    await probe.tick()
+    assert probe.latest == pytest.approx(0.0)
+    text = scrape(metrics)[0]
+    assert "sweetspot_event_loop_lag_seconds 0.0" in text
+    assert "sweetspot_event_loop_lag_distribution_seconds_count 2.0" in text
+
+
+def upstream_with_requests(prompt: int, output: int, count: int = 4) -> Upstream:
+    upstream = Upstream("http://a", Limiter("http://a", 8), SlidingWindow(60.0))
+    for i in range(count):
+        upstream.window.add(RequestSample(arrived=i, admitted=i, finished=i + 1.0, first_token=i + 0.1,
+                                          prompt_tokens=prompt, output_tokens=output, outcome=Outcome.OK))
+    return upstream
+
+
+def test_hard_cap_is_the_smallest_known_real_limit() -> None:
+    upstream = upstream_with_requests(prompt=900, output=100)  # 1000 tokens a request
+    kv = BackendSnapshot(kind="vllm", kv_capacity_tokens=400_000)
+    assert hard_cap(kv, upstream, None, None, now=10.0) == 400  # KV room alone
+    # vLLM's --max-num-seqs is lower than what the KV cache holds: the scheduler's cap wins.
+    assert hard_cap(kv, upstream, None, 256, now=10.0) == 256
+    # A cap above the KV room changes nothing.
+    assert hard_cap(kv, upstream, None, 1024, now=10.0) == 400
+    slots = BackendSnapshot(kind="llamacpp", total_slots=4)
+    assert hard_cap(slots, upstream, None, 256, now=10.0) == 4
+    assert hard_cap(BackendSnapshot(kind="vllm"), upstream, None, 64, now=10.0) == 64
+    assert hard_cap(BackendSnapshot(kind="vllm"), upstream, None, None, now=10.0) is None
+
+
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """configure_logging replaces the root handlers; put pytest's back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+    logging.getLogger("sweetspot.access").setLevel(logging.NOTSET)
+
+
+def test_logs_are_one_json_object_per_line(root_logging: None, capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("info", "json")
+    logging.getLogger("sweetspot.controller").info("limit changed", extra={"event": "limit_change", "limit": 12,
+                                                                            "upstream": "http://a"})
+    log_access({"event": "access", "request_id": "r1", "status": 200, "e2e_s": 0.25, "output_tokens": 16})
+    try:
+        raise RuntimeError("multi\nline")
+    except RuntimeError:
+        logging.getLogger("sweetspot.api").exception("request %s failed", "r2")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3, lines
+    change, access, failure = (json.loads(line) for line in lines)
+    assert change["event"] == "limit_change" and change["limit"] == 12 and change["level"] == "INFO"
+    assert change["logger"] == "sweetspot.controller" and "timestamp" in change
+    assert access["logger"] == "sweetspot.access" and access["status"] == 200 and access["output_tokens"] == 16
+    assert failure["message"] == "request r2 failed" and "RuntimeError: multi\nline" in failure["exc_info"]
+
+
+def test_log_level_and_access_log_are_settings(root_logging: None, capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("warning", "json")
+    logging.getLogger("sweetspot.controller").info("limit changed")
+    log_access({"event": "access"})
+    assert capsys.readouterr().err == ""
+    configure_logging("info", "json", access_log=False)
+    log_access({"event": "access"})
+    logging.getLogger("sweetspot.controller").info("limit changed")
+    (line,) = capsys.readouterr().err.splitlines()
+    assert json.loads(line)["logger"] == "sweetspot.controller"
