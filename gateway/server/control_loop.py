@@ -129,8 +129,7 @@ class ControlLoop:
         state = LimiterState(limit=limiter.limit, inflight=limiter.inflight, peak_inflight=limiter.take_peak(),
                              queue_depth=gateway.queue.depth_for(upstream.name))
         cap = hard_cap(snapshot, upstream, gateway.settings.kv_capacity_tokens, now)
-        decision = control.tick(now, upstream.window, state, self.headroom(snapshot), hard_cap=cap,
-                                tokens_total=upstream.window.tokens_total)
+        decision = control.tick(now, upstream.window, state, self.headroom(snapshot), hard_cap=cap)
         if decision.limit != limiter.limit:
             limiter.set_limit(decision.limit)
             gateway.queue.dispatch()
@@ -153,6 +152,8 @@ class ControlLoop:
             backend_running=None if snapshot.running is None else int(snapshot.running),
             backend_waiting=None if snapshot.waiting is None else int(snapshot.waiting),
             preemptions_total=snapshot.preemptions_total,
+            generation_tokens_total=snapshot.generation_tokens_total,
+            generation_tokens_live=snapshot.generation_tokens_live,
             backend_at=snapshot.taken_at,
         )
 

@@ -33,7 +33,7 @@ under the given conditions (what ``sweetspot sweep`` measures), the smallest rea
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gateway.control.algorithm import Reason
 from gateway.control.config import AimdConfig, StartPoint
@@ -58,6 +58,8 @@ SHORT = Workload(prompt=(256, 768), output=(64, 256))
 LONG = Workload(prompt=(256, 768), output=(768, 1536))
 DEMO = Workload(prompt=(256, 256), output=(64, 192))  # `sweetspot demo`'s
 TINY = Workload(prompt=(256, 256), output=(16, 48))  # many requests a second: arrivals in every step
+WHOLE = replace(CHAT, streamed=0.0)  # nobody streams: tokens show only when a request ends
+MIXED = replace(CHAT, streamed=0.5)
 OVERLOAD = (80,)
 FULL = ("converge", "goodput", "tpot")
 
@@ -144,6 +146,28 @@ SCENARIOS: tuple[Scenario, ...] = (
              sweep=Conditions(OVERLOAD, DEMO)),
     Scenario("two_gateways", "two gateways, 40 clients each, share one backend",
              QWEN, (Phase("shared", 240, Conditions((40, 40), CHAT), ("fair", "goodput", "tpot")),)),
+    # Non-streamed and mixed traffic: the gateway sees a whole answer's tokens only when it ends, and the
+    # backend's live counter as a scrape reads it.
+    Scenario("whole_steady_overload", "80 clients, none streaming, against one backend",
+             QWEN, (Phase("overload", 240, Conditions(OVERLOAD, WHOLE)),)),
+    Scenario("whole_load_steps", "non-streamed load steps down below the knee and back up",
+             QWEN, (Phase("high", 150, Conditions(OVERLOAD, WHOLE)),
+                    Phase("low", 90, Conditions((12,), WHOLE), ("no_drift", "goodput")),
+                    Phase("high again", 150, Conditions(OVERLOAD, WHOLE)))),
+    Scenario("whole_backend_slowdown", "non-streamed; the backend runs 2x slower for a while, then recovers",
+             QWEN, (Phase("normal", 150, Conditions(OVERLOAD, WHOLE)),
+                    Phase("2x slower", 150, Conditions(OVERLOAD, WHOLE, speed_factor=2.0)),
+                    Phase("recovered", 150, Conditions(OVERLOAD, WHOLE)))),
+    Scenario("whole_tight_kv", "non-streamed; KV cache full before the compute knee",
+             LLAMA_TIGHT_KV, (Phase("overload", 240, Conditions(OVERLOAD, WHOLE), (*FULL, "below_onset")),)),
+    Scenario("mixed_steady_overload", "80 clients, half of the requests streamed",
+             QWEN, (Phase("overload", 240, Conditions(OVERLOAD, MIXED)),)),
+    Scenario("mixed_two_gateways", "two gateways, 40 clients each, half of the requests streamed: each takes "
+             "its share of the backend's counter",
+             QWEN, (Phase("shared", 240, Conditions((40, 40), MIXED), ("fair", "goodput", "tpot")),)),
+    Scenario("whole_without_counter", "80 clients, none streaming, a backend without a live token counter "
+             "(llama-server): the gateway's own count, each answer spread over its life",
+             QWEN, (Phase("overload", 300, Conditions(OVERLOAD, WHOLE, backend_counter=False)),)),
 )
 
 

@@ -3,10 +3,13 @@ the simulator's pure engine, with the controller ticking as it does in the gatew
 
 It exists so the controller can be judged on *outcomes* (where the limit settles, the goodput it
 gets) in seconds of CPU, deterministically, against the same continuous-batching engine the HTTP
-simulator runs. Each gateway here is fed exactly as the real proxy feeds its window: output tokens
-credited as each engine step delivers them, one :class:`RequestSample` when a request ends, and the
-limiter's numbers (limit, in-flight, peak in-flight since the last tick, queue depth) at each tick.
-The backend's ``/metrics`` are "scraped" every ``scrape_interval_s`` and can be frozen (stale).
+simulator runs. Each gateway here is fed exactly as the real proxy feeds its window: a streamed
+request's output tokens credited as each engine step delivers them, a non-streamed one registered while
+in flight and its tokens visible only in its :class:`RequestSample` when it ends, and the limiter's
+numbers (limit, in-flight, peak in-flight since the last tick, queue depth) at each tick. The backend's
+``/metrics`` (including its generated-token counter, live per step as vLLM's, or absent) are "scraped"
+every ``scrape_interval_s`` and can be frozen (stale). The trace keeps what the backend really did (a
+non-streamed request's first token too), so goodput is judged on the same facts for every kind of traffic.
 
 Used by the scenario tests, ``bench/controller_scenarios.py`` and anything else that wants to watch
 the controller work without a network. It imports :mod:`gateway.sim`, so the gateway itself never
@@ -19,7 +22,7 @@ import heapq
 import itertools
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.observation import Headroom, LimiterState
@@ -33,14 +36,22 @@ RETRY_AFTER_ERROR_S = 1.0  # a client whose request failed tries again after thi
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """Request sizes, uniform in [lo, hi] (tokens), and each client's pause between requests."""
+    """Request sizes, uniform in [lo, hi] (tokens), each client's pause between requests, and the share of
+    requests that are streamed (the rest get their answer whole)."""
 
     prompt: tuple[int, int] = (512, 512)
     output: tuple[int, int] = (512, 512)
     think_s: float = 0.0
+    streamed: float = 1.0
 
     def draw(self, rng: random.Random) -> tuple[int, int]:
         return rng.randint(*self.prompt), rng.randint(*self.output)
+
+    def draw_streamed(self, rng: random.Random) -> bool:
+        """Drawn only for a mix: all-streamed and all-whole runs keep their random sequence."""
+        if self.streamed >= 1.0 or self.streamed <= 0.0:
+            return self.streamed >= 1.0
+        return rng.random() < self.streamed
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +70,10 @@ class Conditions:
     # reports it per step). With 0 it is submitted at the step end that freed its permit, and the
     # engine admits it before anyone could look.
     hop_s: float = 0.0
+    # Whether the backend's /metrics carry a generated-token counter that moves per engine step (vLLM's
+    # ``generation_tokens_total``); without one (llama-server counts when requests end) the gateway has
+    # only its own count.
+    backend_counter: bool = True
 
 
 @dataclass(slots=True)
@@ -109,6 +124,8 @@ class _Request:
     admitted: float = 0.0
     first_token: float | None = None
     tokens: int = 0
+    streamed: bool = True
+    open_key: int | None = None  # registered in flight with the gateway's window (non-streamed)
 
 
 class _Gateway:
@@ -241,9 +258,10 @@ class Harness:
             return
         assert self.conditions is not None
         prompt, output = self.conditions.workload.draw(self.rng)
+        streamed = self.conditions.workload.draw_streamed(self.rng)
         self._busy[g].add(client)
         gw = self.gateways[g]
-        request = _Request(g, client, prompt, output, arrived=self.now)
+        request = _Request(g, client, prompt, output, arrived=self.now, streamed=streamed)
         gw.queue.append(request)
         self._dispatch(gw)
 
@@ -251,6 +269,8 @@ class Harness:
         while gw.queue and gw.inflight < gw.limit:
             request = gw.queue.popleft()
             request.admitted = self.now
+            if not request.streamed:
+                request.open_key = gw.window.opened(self.now)
             gw.inflight += 1
             gw.peak = max(gw.peak, gw.inflight)
             hop = self.conditions.hop_s if self.conditions is not None else 0.0
@@ -275,7 +295,12 @@ class Harness:
             first_token=request.first_token, prompt_tokens=request.prompt,
             output_tokens=request.tokens, outcome=outcome,
         )
-        gw.window.add(sample)
+        if request.streamed:
+            gw.window.add(sample)
+        else:  # what the gateway sees of a whole answer: no first token, every token at the end
+            gw.window.add(replace(sample, first_token=None, streamed=False))
+            if request.open_key is not None:
+                gw.window.closed(request.open_key)
         self.trace.finished.append(Finished(request.gateway, sample))
         self._busy[request.gateway].discard(request.client)
         assert self.conditions is not None
@@ -293,7 +318,8 @@ class Harness:
             if request.first_token is None:
                 request.first_token = self.now
             request.tokens += 1
-            credited[request.gateway] = credited.get(request.gateway, 0) + 1
+            if request.streamed:
+                credited[request.gateway] = credited.get(request.gateway, 0) + 1
         for g, count in credited.items():
             gw = self.gateways[g]
             gw.window.add_tokens(self.now, count)
@@ -312,10 +338,13 @@ class Harness:
         self.trace.kv_usage.append((self.now, engine.kv_usage))
         self.trace.waiting.append((self.now, engine.num_waiting))
         mode = self.conditions.metrics if self.conditions is not None else "live"
+        counter = self.conditions is None or self.conditions.backend_counter
         if mode == "live":
             self._headroom = Headroom(
                 kv_usage=engine.kv_usage, backend_running=engine.num_running,
                 backend_waiting=engine.num_waiting, preemptions_total=float(engine.num_preemptions),
+                generation_tokens_total=float(engine.generation_tokens_total) if counter else None,
+                generation_tokens_live=counter,
                 backend_at=self.now,
             )
         elif mode == "none":
