@@ -36,6 +36,10 @@ class TokenAccounting:
         self._spans_seen = 0
         self._backend_last: tuple[float, float] | None = None  # (scrape time, the backend's counter)
         self.backend_share_total = 0.0  # this gateway's share of the backend's counter, accumulated
+        # Whether the meter reads the backend's counter: the caller then reads the backend right before
+        # each tick, since a reading can end only at a scrape, and a scrape a whole interval old would
+        # delay every decision by that interval.
+        self.counting_backend = False
 
     def count(self, now: float, window: SlidingWindow, headroom: Headroom, inflight: int) -> TokenCount:
         self._attribute(headroom, inflight)
@@ -43,7 +47,8 @@ class TokenAccounting:
         pending = window.pending_since
         last = window.unstreamed_at
         mixed = pending is not None or (last is not None and now - last <= MIXED_HOLD_S)
-        if mixed and self._backend_live(now, headroom):
+        self.counting_backend = mixed and self._backend_live(now, headroom)
+        if self.counting_backend:
             assert headroom.backend_at is not None
             return TokenCount(self.backend_share_total, headroom.backend_at, "backend")
         return TokenCount(window.streamed_total, now, "gateway", tuple(spans), pending)

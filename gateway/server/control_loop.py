@@ -98,14 +98,16 @@ class ControlLoop:
         metrics.backend_metrics_age.labels(name).set_function(age)
 
     # --- loops --------------------------------------------------------------------------------------
-    async def scrape(self) -> None:
+    async def scrape(self, names: list[str] | None = None) -> None:
+        """Scrape every upstream's backend, or those ``names``."""
         async def one(name: str, scraper: BackendScraper) -> None:
             snapshot = await scraper.scrape()
             self.gateway.pool.by_name[name].streams_keep_alive = scraper.kind == "vllm"
             if snapshot.error is not None:
                 self.gateway.metrics.backend_scrape_errors.labels(name).inc()
 
-        await asyncio.gather(*(one(name, scraper) for name, scraper in self.scrapers.items()))
+        await asyncio.gather(*(one(name, scraper) for name, scraper in self.scrapers.items()
+                               if names is None or name in names))
 
     async def read_gpus(self) -> None:
         gpus = await asyncio.to_thread(self.gpu_source.read)
@@ -117,6 +119,10 @@ class ControlLoop:
                 self.gateway.metrics.gpu_utilization_ratio.labels(label).set(gpu.utilization)
 
     async def control(self) -> None:
+        # A controller metering by the backend's token counter reads it fresh: its readings end at a scrape.
+        fresh = [name for name, control in self.controls.items() if control.accounting.counting_backend]
+        if fresh:
+            await self.scrape(fresh)
         now = self.gateway.clock()
         for name, control in self.controls.items():
             self.tick_one(self.gateway.pool.by_name[name], control, now)

@@ -337,6 +337,10 @@ class Harness:
         engine = self.engine
         self.trace.kv_usage.append((self.now, engine.kv_usage))
         self.trace.waiting.append((self.now, engine.num_waiting))
+        self._read_backend()
+
+    def _read_backend(self) -> None:
+        engine = self.engine
         mode = self.conditions.metrics if self.conditions is not None else "live"
         counter = self.conditions is None or self.conditions.backend_counter
         if mode == "live":
@@ -356,6 +360,8 @@ class Harness:
         limiter = LimiterState(gw.limit, gw.inflight, max(gw.peak, gw.inflight), len(gw.queue))
         gw.peak = gw.inflight
         action = reason = "static"
+        if gw.control is not None and gw.control.accounting.counting_backend:
+            self._read_backend()  # as the gateway does when it meters by the backend's counter
         if gw.control is not None:
             decision = gw.control.tick(
                 self.now, gw.window, limiter, self._headroom,
