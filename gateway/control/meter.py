@@ -9,10 +9,11 @@ window's rate, and only once the window lies entirely after the change (slower, 
 Non-streamed requests tell their tokens only when they end. The gateway's own count then credits each
 one evenly over its life (a :class:`~gateway.control.window.Span`), and a reading is *final* only once no
 request admitted before its end is still in flight: until then the reading is pending and the limit is
-held. The same rule settles a new limit: the requests admitted under the old one must have ended, or
-their spans would spread the old limit's pace over the new one's interval. A request that never ends
-(a stuck generation) would hold the controller forever, so after ``PENDING_MAX_S`` a reading is taken
-with what is known.
+held. A limit settles as with streams (``settle_s``, in-flight drained to it), not once the requests
+admitted under the old limit ended: their spans spread the old limit's pace a little into the new one's
+first reading, which is biased anyway and only stands in until a settled one (the scenarios converged
+later and no closer when a new limit waited for them). A request that never ends (a stuck generation)
+would hold the controller forever, so after ``PENDING_MAX_S`` a reading is taken with what is known.
 """
 
 from __future__ import annotations
@@ -157,9 +158,7 @@ class Readings:
         meter = self.meter
         meter.record(obs.now, obs.tokens_total, obs.tokens_per_s, obs.window_s, at=obs.tokens_at,
                      source=obs.tokens_source, spans=obs.token_spans, pending_since=obs.tokens_pending_since)
-        since = obs.now - self.changed_at
-        drained = obs.inflight <= limit and (meter.final(self.changed_at) or since >= PENDING_MAX_S)
-        settled = since >= self.settle_s and drained
+        settled = obs.now - self.changed_at >= self.settle_s and obs.inflight <= limit
         if not (settled and bottleneck):
             self.steady_since = None
         elif self.steady_since is None:

@@ -161,8 +161,12 @@ class Harness:
         control_interval_s: float = 2.0,
         scrape_interval_s: float = 2.0,
         hard_cap: int | None = None,
+        count_at_end: bool = False,
     ) -> None:
         self.profile = profile
+        # Meter every token when it becomes visible to the gateway (a whole answer's at its end), as the
+        # gateway did before it spread them: only for showing that the checks catch that.
+        self.count_at_end = count_at_end
         self.config = config
         self.engine = Engine(profile, seed=seed)
         self.rng = random.Random(seed * 7919 + 17)
@@ -365,7 +369,7 @@ class Harness:
         if gw.control is not None:
             decision = gw.control.tick(
                 self.now, gw.window, limiter, self._headroom,
-                hard_cap=self.hard_cap,
+                hard_cap=self.hard_cap, tokens_total=gw.window.tokens_total if self.count_at_end else None,
             )
             action, reason = decision.action.value, decision.reason.value
             if decision.limit != gw.limit:
