@@ -50,6 +50,29 @@ class Settings(BaseSettings, ControllerKnobs):
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in containers).")
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    drain_timeout_s: float = Field(
+        300.0, ge=0,
+        description="On SIGTERM: how long running requests may take to finish. /readyz turns 503 at once, new and "
+        "queued requests get 503 with Retry-After (a retrying SDK lands on another replica), running streams "
+        "go on; one still running at the deadline ends with an error event. 5 minutes holds a long generation "
+        "(8K tokens at 30 tokens/s); the orchestrator's grace period must exceed it (docs/deploy.md).",
+    )
+    max_connections: int = Field(
+        4096, ge=1,
+        description="Client connections open at once; one more is answered 503 with Retry-After and closed. "
+        "Bounds what idle or slow clients can hold (each costs a socket and a little memory).",
+    )
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024,
+        description="Largest request head (request line and headers together); beyond it the gateway answers 431 "
+        "and closes the connection without buffering the rest. OpenAI SDK requests send about 1 KB.",
+    )
+    request_read_timeout_s: float = Field(
+        30.0, gt=0,
+        description="Longest a client may take to send a request's headers, and then its body, once it began "
+        "(a slowloris defence): past it, 408 and the connection closed. A connection that sends nothing is "
+        "closed after the same time.",
+    )
 
     # --- upstreams -------------------------------------------------------------------------------
     upstreams: Annotated[list[str], NoDecode] = Field(
@@ -61,9 +84,34 @@ class Settings(BaseSettings, ControllerKnobs):
     upstream_api_key: str | None = Field(
         None, description="Bearer token the gateway sends upstream instead of the client's."
     )
-    connect_timeout_s: float = Field(5.0, gt=0, description="TCP connect timeout to an upstream.")
+    connect_timeout_s: float = Field(
+        5.0, gt=0, description="TCP connect timeout to an upstream (a loopback or LAN connect takes milliseconds)."
+    )
     upstream_timeout_s: float = Field(
-        600.0, gt=0, description="Longest a single upstream request may take (generation included)."
+        600.0, gt=0,
+        description="Longest a single upstream request may take, generation included. A non-streamed request's "
+        "answer begins only when its generation ends, so this is also how long it may wait for that answer.",
+    )
+    first_token_timeout_s: float = Field(
+        120.0, gt=0,
+        description="Longest a streamed request may wait for its first token once admitted (the upstream's queue "
+        "and prefill; headers included): past it the upstream request is aborted, the client gets 504 (or an "
+        "error event, if the stream had begun). Under the controller the backend's own queue stays short, so "
+        "two minutes means a hung server, not a busy one.",
+    )
+    stream_idle_timeout_s: float = Field(
+        60.0, gt=0,
+        description="Longest silence between two reads of a streamed answer: past it the upstream request is "
+        "aborted and the client gets an error event. A decoding server sends a token every few to few hundred ms.",
+    )
+    upstream_timeouts_to_down: int = Field(
+        3, ge=1,
+        description="Timeouts in a row after which an upstream is taken out of rotation for health_hold_s even "
+        "though its /health still answers: a server that takes requests and never answers holds every permit.",
+    )
+    health_hold_s: float = Field(
+        30.0, ge=0, description="How long an upstream taken out for timeouts stays out before the health poll may "
+        "bring it back.",
     )
     health_interval_s: float = Field(2.0, gt=0, description="How often each upstream's health is polled.")
     metrics_interval_s: float = Field(
@@ -76,6 +124,14 @@ class Settings(BaseSettings, ControllerKnobs):
     )
     max_body_bytes: int = Field(
         16 * 1024 * 1024, gt=0, description="Largest request body accepted; larger gets 413."
+    )
+    max_n: int = Field(
+        16, ge=1, description="Largest `n` (choices per request) accepted; each choice is a generation upstream."
+    )
+    admin_api_key: str | None = Field(
+        None,
+        description="Bearer token that /metrics and /state require (Prometheus: `authorization: {credentials: "
+        "...}` in its scrape config). Unset: they are open, as the health routes are.",
     )
     priority_header: str = Field(
         "x-sweetspot-priority",

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from gateway.control.observation import Observation
+from gateway.control.window import RequestSample
 
 
 class Action(str, Enum):
@@ -67,7 +68,7 @@ class Decision:
     previous: int
     action: Action
     reason: Reason
-    phase: Phase | None  # None for algorithms without phases
+    phase: Phase | str | None  # Aimd's phases; other algorithms name their own, or None
     inputs: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -81,7 +82,7 @@ class Decision:
             "previous": self.previous,
             "action": self.action.value,
             "reason": self.reason.value,
-            "phase": None if self.phase is None else self.phase.value,
+            "phase": self.phase.value if isinstance(self.phase, Phase) else self.phase,
             "inputs": self.inputs,
         }
 
@@ -97,3 +98,14 @@ class LimitAlgorithm(Protocol):
     def state(self) -> dict[str, Any]:
         """JSON-able internal state, for the controller's state view."""
         ...
+
+
+@runtime_checkable
+class RequestObserver(Protocol):
+    """An algorithm that also learns from each request as it ends, as Netflix's ``Limit.onSample`` and
+    Envoy's gradient controller do (the comparison baselines in ``tests/support/baselines``). Whoever
+    runs it calls ``on_request`` when a request ends and applies the limit it returns at once.
+    ``inflight_at_start`` is the in-flight count just after this request was admitted (itself
+    included), which is what Netflix's limiters hand their algorithm; ``inflight`` is the count now."""
+
+    def on_request(self, now: float, sample: RequestSample, inflight_at_start: int, inflight: int) -> int: ...

@@ -26,6 +26,7 @@ class Outcome(str, Enum):
     CLIENT_CANCELLED = "client_cancelled"
     TIMED_OUT = "timed_out"
     CLIENT_ERROR = "client_error"  # the upstream answered 4xx: the request was bad, not the server
+    SHUT_DOWN = "shut_down"  # the gateway's drain deadline ended it
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +168,7 @@ class SlidingWindow:
             self._spans_seen += 1
             self._spans.append((self._spans_seen, Span(sample.admitted, sample.finished, sample.output_tokens)))
             self.unstreamed_at = sample.finished
+        self.prune(sample.finished)  # here, not only when read: memory stays flat when nobody reads
 
     def opened(self, admitted: float) -> int:
         """A non-streamed request was sent upstream: until :meth:`closed`, readings that overlap its life

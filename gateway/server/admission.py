@@ -90,6 +90,11 @@ class NoHealthyUpstream(AdmissionError):
     reason = "no_upstream"
 
 
+class ShuttingDown(AdmissionError):
+    status = 503
+    reason = "shutting_down"
+
+
 class AdmissionTarget(Protocol):
     """What the queue admits onto: an upstream, as far as admission cares."""
 
@@ -149,8 +154,9 @@ class AdmissionQueue(Generic[T]):
         self._heap: list[_Waiter[T]] = []
         self._waiting = 0  # live (not cancelled) waiters; the heap may still hold cancelled ones
         self._seq = itertools.count()
-        self._releases: deque[float] = deque()
+        self._releases: deque[float] = deque()  # release times within the drain horizon
         self._drain_horizon_s = drain_horizon_s
+        self._closed: Callable[[], AdmissionError] | None = None
 
     # --- state -----------------------------------------------------------------------------------
     @property
@@ -163,12 +169,15 @@ class AdmissionQueue(Generic[T]):
             return self._waiting
         return sum(1 for w in self._heap if not w.gone and (w.eligible is None or name in w.eligible))
 
-    def drain_rate(self) -> float:
-        """Permits released per second over the recent past: how fast the queue moves."""
-        now = self._clock()
+    def _forget_releases(self, now: float) -> None:
         cutoff = now - self._drain_horizon_s
         while self._releases and self._releases[0] < cutoff:
             self._releases.popleft()
+
+    def drain_rate(self) -> float:
+        """Permits released per second over the recent past: how fast the queue moves."""
+        now = self._clock()
+        self._forget_releases(now)
         if not self._releases:
             return 0.0
         span = max(now - self._releases[0], 1.0)
@@ -208,6 +217,8 @@ class AdmissionQueue(Generic[T]):
         when the queue is at ``max_queue``, :class:`QueueTimeout` after ``timeout_s``. If the caller
         is cancelled (its client went away) it leaves the queue and never holds a permit.
         """
+        if self._closed is not None:
+            raise self._closed()
         candidates = self._candidates(eligible)
         if not any(target.healthy for target in candidates):
             raise NoHealthyUpstream("no healthy upstream serves this request", retry_after_s=2)
@@ -235,14 +246,33 @@ class AdmissionQueue(Generic[T]):
             raise
 
     def _abandon(self, waiter: _Waiter[T]) -> None:
-        """Take a waiter out (timed out or cancelled); if a permit raced in, hand it back."""
-        if waiter.future.done() and not waiter.future.cancelled():
-            self.release(waiter.future.result())
+        """Take a waiter out (timed out, cancelled or refused); if a permit raced in, hand it back."""
+        future = waiter.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            self.release(future.result())
             return
         if not waiter.gone:
             waiter.gone = True
-            waiter.future.cancel()
+            future.cancel()
             self._waiting -= 1
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the heap's dead entries once they outnumber the live ones, so requests that left the queue
+        (timed out, hung up) never pile up behind a head that cannot be admitted."""
+        if len(self._heap) > 2 * self._waiting + 64:
+            self._heap = [waiter for waiter in self._heap if not waiter.gone]
+            heapq.heapify(self._heap)
+
+    def close(self, error: Callable[[], AdmissionError]) -> None:
+        """Refuse every queued request and every later one with ``error()`` (the gateway is draining)."""
+        self._closed = error
+        for waiter in self._heap:
+            if not waiter.gone:
+                waiter.gone = True
+                waiter.future.set_exception(error())
+        self._heap.clear()
+        self._waiting = 0
 
     def release(self, permit: Permit[T]) -> None:
         """Return a permit (idempotent) and admit whoever can now run."""
@@ -250,7 +280,9 @@ class AdmissionQueue(Generic[T]):
             return
         permit.released = True
         permit.limiter.release()
-        self._releases.append(self._clock())
+        now = self._clock()
+        self._releases.append(now)
+        self._forget_releases(now)
         self.dispatch()
 
     def dispatch(self) -> None:

@@ -15,7 +15,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.types import ASGIApp
 
 from gateway import __version__
 from gateway.server.control_loop import ControlLoop
@@ -98,7 +97,7 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source
     return app
 
 
-def create_server_app(settings: Settings) -> ASGIApp:
+def create_server_app(settings: Settings) -> proxied_routes.ProxiedRoutes:
     """What ``sweetspot serve`` runs: :func:`create_app` behind :class:`~gateway.server.routes.proxied.ProxiedRoutes`,
     which serves the proxied POST routes ahead of FastAPI's layers."""
     app = create_app(settings)

@@ -72,7 +72,7 @@ class ControlLoop:
         settings = self.gateway.settings
         for upstream in self.gateway.pool:
             self.scrapers[upstream.name] = BackendScraper(
-                upstream.url, kind=settings.backend, session=self.gateway.client.session,
+                upstream.url, kind=settings.backend, session=self.gateway.client.poll_session,
                 api_key=settings.upstream_api_key, clock=self.gateway.clock,
                 timeout_s=min(settings.metrics_interval_s, 5.0),
                 read_health=False,  # the health poll (gateway.server.upstreams) reads /health already

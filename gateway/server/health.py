@@ -35,7 +35,7 @@ def health_tick(gateway: Gateway) -> Callable[[], Awaitable[None]]:
         timeout = max(min(gateway.settings.health_interval_s, 5.0), 1.0)
         headers = poll_headers(gateway.settings.upstream_api_key)
         await asyncio.gather(*(
-            check_health(gateway.client.session, upstream, headers, timeout)
+            check_health(gateway.client.poll_session, upstream, headers, timeout)
             for upstream in gateway.pool
         ))
         gateway.queue.dispatch()
@@ -70,9 +70,14 @@ async def check_health(
     upstream.silent_probes = upstream.silent_probes + 1 if silent else 0
     if silent and was and upstream.silent_probes < SILENT_PROBES_TO_DOWN:
         healthy = True  # one unanswered probe of a serving upstream: wait for the next poll
+    now = time.monotonic()
+    if healthy and not was and now < upstream.down_until:
+        healthy, error = False, upstream.health_error  # taken out by the request path: not back yet
+    if healthy and not was:
+        upstream.timeouts_in_a_row = 0
     upstream.healthy = bool(healthy)
     upstream.health_error = error if (not healthy or silent) else None
-    upstream.last_health_check = time.monotonic()
+    upstream.last_health_check = now
     if was != upstream.healthy:
         log.warning(
             "upstream %s is now %s%s", upstream.url, "healthy" if healthy else "unhealthy",

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway import __version__
 from gateway.control.window import SlidingWindow
 from gateway.server.admission import AdmissionQueue, Limiter
+from gateway.server.drain import DrainState
 from gateway.server.upstream_client import UpstreamClient
 from gateway.server.upstreams import Upstream, UpstreamPool
 from gateway.settings import Settings
@@ -23,6 +24,12 @@ class Gateway:
     client: UpstreamClient
     metrics: GatewayMetrics
     clock: Callable[[], float] = time.monotonic
+    drain: DrainState = field(default_factory=DrainState)
+
+    def __post_init__(self) -> None:
+        # Keys as bytes, once: requests compare raw header bytes against them.
+        self.client_keys = tuple(key.encode() for key in self.settings.api_keys)
+        self.admin_key = self.settings.admin_api_key.encode() if self.settings.admin_api_key else None
 
     @classmethod
     def build(cls, settings: Settings, *, clock: Callable[[], float] = time.monotonic) -> Gateway:
@@ -30,13 +37,15 @@ class Gateway:
             raise ValueError("no upstream configured: pass --upstream URL or set SWEETSPOT_UPSTREAMS")
         metrics = GatewayMetrics()
         upstreams = [
-            Upstream(url, Limiter(url, settings.initial_limit), SlidingWindow(settings.window_s))
-            for url in settings.upstreams
+            Upstream(url, Limiter(url, settings.initial_limit), SlidingWindow(settings.window_s),
+                     public_name=f"upstream-{index}")
+            for index, url in enumerate(settings.upstreams, start=1)
         ]
         queue = AdmissionQueue(upstreams, max_queue=settings.max_queue, clock=clock)
         client = UpstreamClient(
             connect_timeout_s=settings.connect_timeout_s,
             total_timeout_s=settings.upstream_timeout_s,
+            stream_idle_timeout_s=settings.stream_idle_timeout_s,
             metrics=metrics,
         )
         metrics.info.info({"version": __version__})

@@ -7,18 +7,22 @@ demo start servers with ``--port 0`` and read the URL from that line.
 
 Every server here runs on :class:`NumericConnectLoop` (uvloop, without a resolver thread hop for
 numeric addresses) and freezes its start-up heap out of the garbage collector once it is ready.
+
+A server given a ``drain`` coroutine drains on the first SIGTERM or SIGINT (:class:`DrainingServer`): it
+keeps serving while ``drain`` runs (the gateway answers new requests 503 and lets running ones finish),
+then shuts down and exits 0. A second signal stops it at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import socket
 import sys
-from collections.abc import Callable
-
-import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -27,23 +31,68 @@ from starlette.types import ASGIApp
 
 from gateway.settings import load_settings
 
+log = logging.getLogger("sweetspot.serving")
+
 
 def run(config: Path | None = None, **flags: Any) -> None:
     """Build the gateway from settings (flags, env, TOML) and serve it until SIGINT/SIGTERM."""
     from gateway.server.app import create_server_app
+    from gateway.server.drain import drain
+    from gateway.server.front_door import FrontDoorLimits, guarded_protocol
 
     settings = load_settings(config, **flags)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_server_app(settings)
+    rejections = app.gateway.metrics.rejections
+    limits = FrontDoorLimits(max_connections=settings.max_connections, max_header_bytes=settings.max_header_bytes,
+                             read_timeout_s=settings.request_read_timeout_s,
+                             on_refusal=lambda reason: rejections.labels(reason).inc())
     serve_app(
         app, name="sweetspot gateway", host=settings.host, port=settings.port, log_level=settings.log_level,
-        banner=lambda: f"upstreams: {', '.join(settings.upstreams)}",
+        banner=lambda: f"upstreams: {', '.join(settings.upstreams)}", http=guarded_protocol(limits),
+        drain=lambda: drain(app.gateway, settings.drain_timeout_s),
     )
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, draining on the first SIGTERM/SIGINT before it shuts down (see the module docstring).
+
+    The signal is not re-raised once the server has stopped (uvicorn's default), so a drained gateway
+    exits 0."""
+
+    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(config)
+        self._drain = drain
+        self._draining: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets=sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining is not None or self._loop is None or not self.started:
+            super().handle_exit(sig, frame)  # a second signal, or one during start-up: stop now
+            return
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        if self._draining is None:
+            log.info("draining: new requests get 503, running ones may finish")
+            self._draining = asyncio.ensure_future(self._drain())
+            self._draining.add_done_callback(self._drained)
+
+    def _drained(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("drain failed", exc_info=task.exception())
+        self.should_exit = True
+
+
 def serve_app(app: ASGIApp, *, name: str, host: str, port: int, log_level: str = "info",
-              banner: Callable[[], str] | None = None) -> None:
-    """Serve until SIGINT/SIGTERM, printing ``{name} listening on http://HOST:PORT`` once ready."""
+              banner: Callable[[], str] | None = None, http: type[asyncio.Protocol] | str = "httptools",
+              drain: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Serve until SIGINT/SIGTERM, printing ``{name} listening on http://HOST:PORT`` once ready. ``http`` is
+    uvicorn's protocol (a class, for the gateway's front door); ``drain`` runs on the first signal."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -51,9 +100,9 @@ def serve_app(app: ASGIApp, *, name: str, host: str, port: int, log_level: str =
     sock.listen(4096)
     bound_port = sock.getsockname()[1]
     shown_host = f"[{host}]" if family == socket.AF_INET6 else host
-    config = uvicorn.Config(app, http="httptools", loop="uvloop", lifespan="on", log_level=log_level,
+    config = uvicorn.Config(app, http=http, loop="uvloop", lifespan="on", log_level=log_level,
                             access_log=False, timeout_keep_alive=30, timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(config) if drain is None else DrainingServer(config, drain)
 
     async def main() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -47,7 +47,7 @@ class SSEFilter:
         self._rest = b""  # an event not complete yet
         self._separator = b"\n\n"
         self._framed = False  # the separator is settled once the first event is complete
-        self._seen_token = False
+        self.seen_token = False
         self._seen_usage = False
         self._json_end = b"}\n\n"  # how a JSON event ends
         self._last_counted: bytes | None = None  # the last read (or event) counted without parsing
@@ -56,7 +56,7 @@ class SSEFilter:
 
     def feed(self, data: bytes) -> bytes:
         """Bytes to send to the client for this read: every complete event, filtered."""
-        if (self._seen_token and not self._rest and data.endswith(self._separator)
+        if (self.seen_token and not self._rest and data.endswith(self._separator)
                 and b'"usage"' not in data and b'"error"' not in data):
             # Once tokens flow, most reads are whole token events and nothing to drop: each JSON event
             # (one ending in "}") counts, and the read is passed on as it is.
@@ -115,7 +115,7 @@ class SSEFilter:
     def _keep(self, event: bytes, step: int) -> bool:
         if not event.startswith(b"data:"):
             return True  # comments / keep-alives / other SSE fields pass through
-        if (self._seen_token and event[-step - 1] == 0x7D  # "}": a JSON event, not [DONE]
+        if (self.seen_token and event[-step - 1] == 0x7D  # "}": a JSON event, not [DONE]
                 and b'"usage"' not in event and b'"error"' not in event):
             self._tokens += 1
             self._last_counted = event
@@ -138,7 +138,7 @@ class SSEFilter:
         if choices:
             self._last_counted = None
             if _has_token(choices):
-                self._seen_token = True
+                self.seen_token = True
                 self._tokens += 1
             return True
         return self._forward_usage or not isinstance(usage, dict)

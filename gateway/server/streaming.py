@@ -13,6 +13,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.control.window import Outcome
 from gateway.server.errors import sse_error_event
+from gateway.server.request_watch import RequestWatch, Stop
 from gateway.server.sse import SSEFilter
 from gateway.server.upstream_client import UpstreamReply
 
@@ -23,8 +24,10 @@ class ProxyStreamResponse(Response):
     """Streams an upstream SSE reply to the client as it arrives and always cleans up once: closes the
     upstream request (which aborts generation there), releases the permit, records the sample.
 
-    A client hang-up arrives as a cancellation of this task; ``absorb_cancel`` tells it apart from a
-    server shutdown (and undoes it, so the clean-up runs and the request ends quietly).
+    The request's :class:`RequestWatch` may cancel this task: for a client hang-up (the request ends
+    quietly), for the drain deadline (an error event saying the gateway is shutting down), or because no
+    first token came by ``first_token_deadline`` (loop time; an error event saying the upstream timed out).
+    A silence longer than the client's ``sock_read`` timeout ends the stream with an error event too.
     """
 
     def __init__(
@@ -33,7 +36,8 @@ class ProxyStreamResponse(Response):
         sse: SSEFilter,
         *,
         request_id: str,
-        absorb_cancel: Callable[[], bool],
+        watch: RequestWatch,
+        first_token_deadline: float,
         on_done: Callable[[Outcome], None],
     ) -> None:
         # Not Response.__init__: it would render an empty body and give the stream a content-length.
@@ -47,27 +51,54 @@ class ProxyStreamResponse(Response):
         ]
         self._reply = reply
         self._sse = sse
-        self._absorb_cancel = absorb_cancel
+        self._watch = watch
+        self._first_token_deadline = first_token_deadline
         self._on_done = on_done
+        self._started = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome = Outcome.CLIENT_CANCELLED
         try:
             outcome = await self._pump(send)
         except asyncio.CancelledError:
-            if not self._absorb_cancel():
+            why = self._watch.absorb()
+            if why is None:
                 raise
+            if why is Stop.SHUTDOWN:
+                outcome = Outcome.SHUT_DOWN
+                await self._end_with(send, sse_error_event(
+                    "the gateway is shutting down; retry on another replica", code="shutting_down", status=503))
+            elif why is Stop.FIRST_TOKEN_TIMEOUT:
+                outcome = Outcome.TIMED_OUT
+                await self._end_with(send, sse_error_event(
+                    "the upstream produced no token in time", code="upstream_timeout", status=504))
         finally:
             self._reply.close()
             self._on_done(outcome)
 
+    async def _end_with(self, send: Send, event: bytes) -> None:
+        """End the stream with an error event (the client may be gone already: nothing to do then)."""
+        try:
+            if not self._started:
+                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            pass
+
     async def _pump(self, send: Send) -> Outcome:
+        overdue: asyncio.TimerHandle | None = asyncio.get_running_loop().call_at(
+            self._first_token_deadline, self._watch.stop, Stop.FIRST_TOKEN_TIMEOUT)
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        self._started = True
         sse = self._sse
         outcome = Outcome.OK
         try:
             async for data in self._reply.response.content.iter_any():
                 out = sse.feed(data)
+                if overdue is not None and sse.seen_token:
+                    overdue.cancel()
+                    overdue = None
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             tail = sse.flush()
@@ -78,7 +109,7 @@ class ProxyStreamResponse(Response):
         except asyncio.TimeoutError:
             outcome = Outcome.TIMED_OUT
             await send({"type": "http.response.body", "more_body": True,
-                        "body": sse_error_event("the upstream timed out mid-stream", code="upstream_timeout",
+                        "body": sse_error_event("the upstream went silent mid-stream", code="upstream_timeout",
                                                 status=504)})
         except (aiohttp.ClientError, OSError) as exc:
             outcome = Outcome.UPSTREAM_ERROR
@@ -86,5 +117,8 @@ class ProxyStreamResponse(Response):
             await send({"type": "http.response.body", "more_body": True,
                         "body": sse_error_event(f"the upstream failed mid-stream ({type(exc).__name__})",
                                                 code="upstream_disconnected")})
+        finally:
+            if overdue is not None:
+                overdue.cancel()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return outcome

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 
-def request_headers(upstream_api_key: str | None, authorization: str | None, request_id: str, *, stream: bool,
+def request_headers(upstream_api_key: str | None, authorization: bytes | None, request_id: str, *, stream: bool,
                     keep_alive: bool = False) -> dict[str, str]:
-    """Headers for an upstream request: the configured upstream key replaces the client's.
+    """Headers for an upstream request: the configured upstream key, else the client's ``authorization``
+    (which the caller passes only when the gateway holds no keys of its own).
 
     A streamed request asks for its connection to be closed afterwards unless the upstream is known to
     keep it usable (``keep_alive``: :attr:`Upstream.streams_keep_alive`, vLLM). llama-server closes it
@@ -21,7 +22,7 @@ def request_headers(upstream_api_key: str | None, authorization: str | None, req
     if upstream_api_key:
         headers["authorization"] = f"Bearer {upstream_api_key}"
     elif authorization:
-        headers["authorization"] = authorization
+        headers["authorization"] = authorization.decode("latin-1")
     return headers
 
 

@@ -1,8 +1,10 @@
 """The upstreams the gateway knows: their limiter, measurement window, health and served models.
 
-Health and models are written by the health poll (:mod:`gateway.server.health`), and health also by a
-request that could not connect (:meth:`Upstream.mark_down`); a request for a model no upstream serves
-gets a 404 instead of a slot, and a request goes only to upstreams that serve its model.
+Health and models are written by the health poll (:mod:`gateway.server.health`), and health also by the
+request path (:meth:`Upstream.mark_down`: a refused connection, or requests that keep timing out while
+``/health`` still answers); a request for a model no upstream serves gets a 404 instead of a slot, and a
+request goes only to upstreams that serve its model. Clients are told an upstream's ``public_name``,
+never its URL.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ class Upstream:
     url: str
     limiter: Limiter
     window: SlidingWindow
+    public_name: str = "upstream"
     models: list[dict[str, Any]] | None = None  # None: not known (listing failed or unsupported)
     healthy: bool = True
     health_error: str | None = None
     last_health_check: float | None = None
     silent_probes: int = 0  # health polls in a row that got no answer
+    timeouts_in_a_row: int = 0  # requests in a row that timed out
+    down_until: float = 0.0  # (monotonic) the health poll may not bring it back before this
     # Streams may stay on pooled connections: set once the backend is known to keep a connection usable
     # after a streamed reply (vLLM). Until then, and for llama-server, streams ask for "Connection: close".
     streams_keep_alive: bool = False
@@ -35,10 +40,21 @@ class Upstream:
     def name(self) -> str:
         return self.url
 
-    def mark_down(self, error: str) -> None:
-        """A request found the upstream unreachable: out of rotation until the health poll brings it back."""
+    def mark_down(self, error: str, *, until: float = 0.0) -> None:
+        """The request path found the upstream unusable: out of rotation until the health poll brings it
+        back, and not before ``until``."""
         self.healthy = False
         self.health_error = error
+        self.down_until = max(self.down_until, until)
+
+    def request_ended(self, timed_out: bool, *, timeouts_to_down: int, now: float, hold_s: float) -> None:
+        """Count timeouts in a row; past ``timeouts_to_down`` the upstream is taken out for ``hold_s``."""
+        if not timed_out:
+            self.timeouts_in_a_row = 0
+            return
+        self.timeouts_in_a_row += 1
+        if self.timeouts_in_a_row >= timeouts_to_down and self.healthy:
+            self.mark_down(f"{self.timeouts_in_a_row} requests in a row timed out", until=now + hold_s)
 
     def serves(self, model: str) -> bool:
         """Unknown model lists serve everything: never refuse on missing information."""

@@ -336,9 +336,10 @@ def test_dead_upstream_fails_over_to_a_healthy_one(processes) -> None:
         reply = client(gw, max_retries=0).chat.completions.create(model=model, messages=CHAT, max_tokens=2)
         assert reply.choices[0].message.content
     deadline = time.monotonic() + 10
-    while get_json(f"{gw}/readyz")["upstreams"][doomed]["healthy"] and time.monotonic() < deadline:
+    # /readyz names upstreams by their public names, in the order given: the doomed one is the first
+    while get_json(f"{gw}/readyz")["upstreams"]["upstream-1"]["healthy"] and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not get_json(f"{gw}/readyz")["upstreams"][doomed]["healthy"]
+    assert not get_json(f"{gw}/readyz")["upstreams"]["upstream-1"]["healthy"]
 
 
 def set_scenario(sim_url: str, **knobs: object) -> None:
@@ -347,12 +348,12 @@ def set_scenario(sim_url: str, **knobs: object) -> None:
     urllib.request.urlopen(request, timeout=10).close()
 
 
-def test_an_upstream_5xx_before_any_byte_fails_over_to_another_upstream(processes) -> None:
-    """Contract: a 5xx before any byte -> one retry on another healthy upstream; the failing upstream's window
-    learns of the error (the controller's congestion signal) and the retry is counted."""
+def test_an_upstream_503_before_any_byte_fails_over_to_another_upstream(processes) -> None:
+    """Contract: a 503 ("not now": the upstream did not run it) -> one retry on another healthy upstream; the
+    failing upstream's window learns of the error (the controller's congestion signal) and the retry is counted."""
     alive = start_sim(processes, time_scale=10.0).url
     failing = start_sim(processes, "--admin", time_scale=10.0).url
-    set_scenario(failing, error_rate=1.0)
+    set_scenario(failing, error_rate=1.0, error_status=503)
     gw = start_gateway(processes, [failing, alive], "--initial-limit", "4", "--no-control").url
     model = model_of(alive)
     for _ in range(6):  # the dispatcher picks the failing one first at least once (both have 4 free permits)
@@ -366,6 +367,23 @@ def test_an_upstream_5xx_before_any_byte_fails_over_to_another_upstream(processe
     assert failed is not None and failed >= 1
     assert metric_value(f"{gw}/metrics", "sweetspot_upstream_retries_total",
                         {"upstream": failing, "reason": "failover"}) == failed
+    assert all(u["inflight"] == 0 for u in get_json(f"{gw}/state")["upstreams"])
+
+
+def test_an_upstream_500_is_not_sent_anywhere_else(processes) -> None:
+    """A 500 says the upstream took the request and failed it, perhaps after generating: sending it to another
+    upstream could run it twice. The client gets the upstream's answer; nothing fails over."""
+    alive = start_sim(processes, time_scale=10.0).url
+    failing = start_sim(processes, "--admin", time_scale=10.0).url
+    set_scenario(failing, error_rate=1.0, error_status=500)
+    gw = start_gateway(processes, [failing, alive], "--initial-limit", "4", "--no-control").url
+    model = model_of(alive)
+    statuses = [raw_post(f"{gw}/v1/chat/completions",
+                         json.dumps({"model": model, "messages": CHAT, "max_tokens": 2}).encode())[0]
+                for _ in range(8)]
+    assert 500 in statuses and set(statuses) <= {200, 500}
+    assert metric_value(f"{gw}/metrics", "sweetspot_upstream_retries_total",
+                        {"upstream": failing, "reason": "failover"}) in (None, 0.0)
     assert all(u["inflight"] == 0 for u in get_json(f"{gw}/state")["upstreams"])
 
 

@@ -174,3 +174,48 @@ def test_peak_inflight_resets_to_current() -> None:
     limiter.release()
     assert limiter.take_peak() == 3
     assert limiter.take_peak() == 1
+
+
+async def test_requests_that_left_the_queue_do_not_pile_up_behind_a_blocked_head() -> None:
+    """Waiters that time out or hang up while the head cannot be admitted are dropped on the request path,
+    not only when someone reads the queue."""
+    queue = make(limit=1, max_queue=100_000)
+    held = await queue.acquire(timeout_s=1)
+    head = asyncio.create_task(queue.acquire(priority=10, timeout_s=60))
+    for _ in range(20):
+        gone = [asyncio.create_task(queue.acquire(timeout_s=60)) for _ in range(500)]
+        await asyncio.sleep(0)
+        for task in gone:
+            task.cancel()
+        await asyncio.gather(*gone, return_exceptions=True)
+        assert len(queue._heap) <= 2 * queue.depth + 64 + 1  # the live head, and a bounded slack
+    assert queue.depth == 1
+    queue.release(held)
+    assert (await head).target.name == "a"
+
+
+async def test_release_times_are_kept_for_the_drain_horizon_only() -> None:
+    clock = FakeClock()
+    queue = AdmissionQueue(targets(a=1), max_queue=10, clock=clock)
+    for _ in range(1000):
+        queue.release(await queue.acquire(timeout_s=1))
+        clock.now += 1.0
+    assert len(queue._releases) <= 31  # 30 s of history at one release a second
+
+
+async def test_a_closed_queue_refuses_the_waiting_and_the_next() -> None:
+    from gateway.server.admission import ShuttingDown
+
+    queue = make(limit=1)
+    held = await queue.acquire(timeout_s=1)
+    waiting = [asyncio.create_task(queue.acquire(timeout_s=10)) for _ in range(3)]
+    await asyncio.sleep(0)
+    queue.close(lambda: ShuttingDown("draining", retry_after_s=1))
+    for task in waiting:
+        with pytest.raises(ShuttingDown):
+            await task
+    with pytest.raises(ShuttingDown):
+        await queue.acquire(timeout_s=1)
+    assert queue.depth == 0
+    queue.release(held)
+    assert queue.targets["a"].limiter.inflight == 0

@@ -356,3 +356,14 @@ def test_grafana_provisioning_resolves(compose: dict[str, Any]) -> None:
     uids |= {t["datasource"]["uid"] for p in dashboard["panels"] for t in p.get("targets", [])}
     uids |= {v["datasource"]["uid"] for v in dashboard["templating"]["list"]}
     assert uids == {source["uid"]}, "the dashboard must use the provisioned datasource by its uid"
+
+
+def test_the_stop_grace_period_outlasts_the_drain(compose: dict[str, Any]) -> None:
+    """docker sends SIGKILL after stop_grace_period; the gateway needs its drain and 10 s to wind down."""
+    for name, service in compose["services"].items():
+        if not name.startswith("sweetspot"):
+            continue
+        grace = service["stop_grace_period"]
+        assert grace.endswith("s"), grace
+        drain_s = float(service["environment"]["SWEETSPOT_DRAIN_TIMEOUT_S"])
+        assert float(grace[:-1]) >= drain_s + 10, name

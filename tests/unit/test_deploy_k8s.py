@@ -266,3 +266,13 @@ def test_vllm_pods_get_a_gpu_each() -> None:
     container = one("StatefulSet", "vllm")["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_the_grace_period_outlasts_the_drain() -> None:
+    """SIGTERM comes after preStop; the gateway then drains for drain_timeout_s and winds down (the drain's
+    settle and uvicorn's own shutdown, 10 s at most) before Kubernetes may SIGKILL it."""
+    pod = one("Deployment", "sweetspot")["spec"]["template"]["spec"]
+    pre_stop = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    drain_s = float(gateway_env()["SWEETSPOT_DRAIN_TIMEOUT_S"])
+    assert pod["terminationGracePeriodSeconds"] >= float(pre_stop[1]) + drain_s + 10

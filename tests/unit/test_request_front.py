@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from gateway.server.routes.auth import key_matches
 from gateway.server.routes.inbound import RequestHeaders
 from gateway.server.routes.validation import BadRequest, ChatRequest, CompletionRequest, parse_body, with_usage_requested
 
@@ -44,12 +45,33 @@ def test_the_key_inside_a_string_is_not_mistaken_for_the_field() -> None:
 
 def test_request_headers_are_read_in_one_pass() -> None:
     raw = [(b"host", b"x"), (b"content-length", b"42"), (b"authorization", b"Bearer k"),
-           (b"x-request-id", b"abc"), (b"x-priority", b"5")]
+           (b"x-request-id", b"abc"), (b"x-priority", b"5"), (b"content-type", b"application/json; charset=utf-8")]
     headers = RequestHeaders(raw, "X-Priority")
     assert (headers.authorization, headers.content_length, headers.request_id, headers.priority) == (
-        "Bearer k", "42", "abc", "5")
+        b"Bearer k", "42", "abc", "5")
+    assert headers.is_json
     empty = RequestHeaders([(b"x-request-id", b"")], "x-priority")
     assert empty.request_id is None and empty.authorization is None and empty.priority is None
+    assert not empty.is_json
+
+
+@pytest.mark.parametrize("value", [b"a" * 129, b"has space", b"caf\xc3\xa9", b"tab\there", b""])
+def test_a_long_or_unprintable_request_id_is_not_taken(value: bytes) -> None:
+    assert RequestHeaders([(b"x-request-id", value)], "x-priority").request_id is None
+
+
+@pytest.mark.parametrize("content_type", [b"text/plain", b"application/x-www-form-urlencoded",
+                                          b"multipart/form-data; boundary=x", b"application/jsonx"])
+def test_bodies_that_a_browser_form_can_send_are_not_json(content_type: bytes) -> None:
+    assert not RequestHeaders([(b"content-type", content_type)], "x-priority").is_json
+
+
+@pytest.mark.parametrize(("header", "ok"), [
+    (b"Bearer k1", True), (b"bearer k2", True), (b"Bearer  k1 ", True), (b"Bearer k3", False),
+    (b"Basic k1", False), (b"Bearer \xff\xfe", False), (b"\xe2\x82\xac", False), (None, False), (b"Bearer ", False),
+])
+def test_keys_are_compared_as_bytes_and_anything_malformed_is_refused(header: bytes | None, ok: bool) -> None:
+    assert key_matches(header, (b"k1", b"k2")) is ok
 
 
 @pytest.mark.parametrize(("body", "message", "code", "param"), [

@@ -57,7 +57,8 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Rec
 async def stream_once(gateway: Gateway, url: str) -> bytes:
     upstream = gateway.pool.by_name[url]
     headers = request_headers(None, None, "req-1", stream=True, keep_alive=upstream.streams_keep_alive)
-    reply = await gateway.client.send(url, "/v1/chat/completions", b'{"stream":true}', headers)
+    reply = await gateway.client.send(url, "/v1/chat/completions", b'{"stream":true}', headers, name="upstream-1",
+                                      stream=True, headers_timeout_s=10)
     try:
         return await reply.response.read()
     finally:

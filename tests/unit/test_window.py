@@ -65,3 +65,14 @@ def test_old_samples_fall_out_of_the_window() -> None:
     window.add(sample(0.0, dur=1.0))
     window.add(sample(20.0, dur=1.0))
     assert window.stats(25.0).completed == 1
+
+
+def test_samples_and_token_buckets_are_pruned_as_they_are_added() -> None:
+    """Nothing need read the window (a gateway without its controller) for its memory to stay flat."""
+    window = SlidingWindow(10.0)
+    for second in range(5000):
+        now = float(second)
+        window.add_tokens(now, 5)
+        window.add(RequestSample(arrived=now - 1, admitted=now - 1, finished=now, first_token=None,
+                                 prompt_tokens=1, output_tokens=5, outcome=Outcome.OK, streamed=False))
+    assert len(window._samples) <= 11 and len(window._token_buckets) <= 12

@@ -1,38 +1,52 @@
-"""The client's side of a proxied request: the headers the gateway reads, the body, and noticing when
-the client hangs up."""
+"""The client's side of a proxied request: the headers the gateway reads, and the body."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
-from typing import TypeVar
+import re
 
 from starlette.types import Receive
 
-T = TypeVar("T")
+from gateway.server.request_watch import ClientGone
+
+#: An X-Request-Id the gateway accepts from a client (it goes upstream and into logs): short, printable ASCII.
+_REQUEST_ID = re.compile(rb"[!-~]{1,128}")
 
 
 class RequestHeaders:
     """The few request headers the gateway reads, found in one pass over the raw ASGI list (which the
-    server gives lower-cased). Starlette's ``Headers`` decodes every header again on each lookup."""
+    server gives lower-cased). Starlette's ``Headers`` decodes every header again on each lookup.
 
-    __slots__ = ("authorization", "content_length", "request_id", "priority")
+    ``authorization`` stays bytes (it is compared as bytes, whatever a client sent); an ``X-Request-Id``
+    that is long or not printable ASCII is ignored, so the gateway makes one of its own."""
+
+    __slots__ = ("authorization", "content_length", "content_type", "request_id", "priority")
 
     def __init__(self, raw: list[tuple[bytes, bytes]], priority_header: str) -> None:
-        self.authorization: str | None = None
+        self.authorization: bytes | None = None
         self.content_length: str | None = None
+        self.content_type: bytes | None = None
         self.request_id: str | None = None
         self.priority: str | None = None
         priority_name = priority_header.lower().encode("latin-1")
         for name, value in raw:
             if name == b"authorization":
-                self.authorization = value.decode("latin-1")
+                self.authorization = value
             elif name == b"content-length":
                 self.content_length = value.decode("latin-1")
+            elif name == b"content-type":
+                self.content_type = value
             elif name == b"x-request-id":
-                self.request_id = value.decode("latin-1") or None
+                self.request_id = value.decode("ascii") if _REQUEST_ID.fullmatch(value) else None
             elif name == priority_name:
                 self.priority = value.decode("latin-1")
+
+    @property
+    def is_json(self) -> bool:
+        """``Content-Type: application/json`` (any parameters): what no HTML form or simple cross-site
+        request can send, so a browser page cannot drive the gateway without a CORS preflight."""
+        if self.content_type is None:
+            return False
+        return self.content_type.split(b";", 1)[0].strip().lower() == b"application/json"
 
 
 async def read_body(receive: Receive, *, limit: int, declared_length: str | None) -> bytes | None:
@@ -54,54 +68,3 @@ async def read_body(receive: Receive, *, limit: int, declared_length: str | None
         if not message.get("more_body"):
             return b"".join([*chunks, body]) if chunks else body
         chunks.append(body)
-
-
-class ClientGone(Exception):
-    """The client hung up while its request was queued or running."""
-
-
-class DisconnectWatch:
-    """Cancels the request's task when its client hangs up, so every await on the request path
-    (queue, upstream, stream) stops at once without racing each one against a watcher of its own.
-
-    :meth:`guard` turns that cancellation into :class:`ClientGone`; a cancellation from anywhere else
-    (server shutdown) propagates unchanged.
-    """
-
-    def __init__(self, receive: Receive) -> None:
-        self._task = asyncio.current_task()
-        self._watcher = asyncio.ensure_future(self._watch(receive))
-        self._watcher.add_done_callback(self._on_gone)
-
-    @staticmethod
-    async def _watch(receive: Receive) -> None:
-        # The body was read already, so the next ASGI message is the disconnect.
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    def _on_gone(self, watcher: asyncio.Future) -> None:
-        if not watcher.cancelled() and self._task is not None:
-            self._task.cancel()
-
-    @property
-    def gone(self) -> bool:
-        return self._watcher.done() and not self._watcher.cancelled()
-
-    def absorb(self) -> bool:
-        """In an ``except CancelledError``: True (and the cancellation undone) if the client left."""
-        if self.gone and self._task is not None:
-            self._task.uncancel()
-            return True
-        return False
-
-    async def guard(self, awaitable: Awaitable[T]) -> T:
-        try:
-            return await awaitable
-        except asyncio.CancelledError:
-            if self.absorb():
-                raise ClientGone from None
-            raise
-
-    def stop(self) -> None:
-        self._watcher.remove_done_callback(self._on_gone)
-        self._watcher.cancel()

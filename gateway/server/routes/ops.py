@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.server.control_loop import ControlLoop
 from gateway.server.parts import Gateway
+from gateway.server.routes.auth import key_matches, raw_header, unauthorized
 
 router = APIRouter()
 
@@ -22,15 +23,32 @@ async def healthz() -> Response:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> Response:
-    """Ready when at least one upstream is healthy; 503 otherwise, so load balancers look elsewhere."""
+    """Ready when at least one upstream is healthy and the gateway is not draining; 503 otherwise, so load
+    balancers look elsewhere."""
     gateway: Gateway = request.app.state.gateway
-    upstreams = {u.name: {"healthy": u.healthy, "error": u.health_error} for u in gateway.pool}
-    ready = gateway.pool.any_healthy()
-    return JSONResponse({"ready": ready, "upstreams": upstreams}, status_code=200 if ready else 503)
+    upstreams = {u.public_name: {"healthy": u.healthy, "error": u.health_error} for u in gateway.pool}
+    draining = gateway.drain.draining
+    ready = gateway.pool.any_healthy() and not draining
+    return JSONResponse({"ready": ready, "draining": draining, "upstreams": upstreams},
+                        status_code=200 if ready else 503)
+
+
+def admin_denied(request: Request) -> Response | None:
+    """401 unless the request carries the admin key (when one is set): /metrics and /state show the
+    upstreams' URLs and the gateway's inner state."""
+    gateway: Gateway = request.app.state.gateway
+    if gateway.admin_key is None or key_matches(raw_header(request.scope["headers"], b"authorization"),
+                                                (gateway.admin_key,)):
+        return None
+    gateway.metrics.rejections.labels("unauthorized").inc()
+    return unauthorized("this route needs the admin key (Authorization: Bearer <admin_api_key>)")
 
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
+    denied = admin_denied(request)
+    if denied is not None:
+        return denied
     gateway: Gateway = request.app.state.gateway
     return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -38,6 +56,9 @@ async def metrics(request: Request) -> Response:
 @router.get("/state")
 async def state(request: Request) -> Response:
     """Each upstream's limiter, window statistics and controller state, plus the queue."""
+    denied = admin_denied(request)
+    if denied is not None:
+        return denied
     gateway: Gateway = request.app.state.gateway
     control_loop: ControlLoop = request.app.state.control_loop
     now = gateway.clock()

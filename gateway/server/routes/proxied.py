@@ -1,25 +1,34 @@
 """The OpenAI-compatible routes: validate, queue for a permit, forward, stream back, measure.
 
-Order of checks follows what is cheapest to refuse first (auth, size, JSON, fields, model), so bad
-requests never take a queue place or an upstream slot.
+Order of checks follows what is cheapest to refuse first (draining, auth, content type, size, JSON, fields,
+model), so bad requests never take a queue place or an upstream slot. A request reaches an upstream at most
+once: it fails over to another upstream, once, only when the first provably did not run it
+(:mod:`gateway.server.upstream_client`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.control.window import Outcome
 from gateway.server.admission import AdmissionError, Permit
+from gateway.server.drain import DRAIN_RETRY_AFTER_S
 from gateway.server.errors import error_response
-from gateway.server.routes.inbound import ClientGone, DisconnectWatch, RequestHeaders, read_body
+from gateway.server.measure import RequestTracker
+from gateway.server.parts import Gateway
+from gateway.server.request_watch import ClientGone, RequestWatch, ServerShutdown
+from gateway.server.routes.auth import key_matches, raw_header, unauthorized
+from gateway.server.routes.inbound import RequestHeaders, read_body
 from gateway.server.routes.validation import (
     BadRequest,
     ChatRequest,
@@ -28,12 +37,9 @@ from gateway.server.routes.validation import (
     parse_body,
     with_usage_requested,
 )
-from gateway.control.window import Outcome
-from gateway.server.parts import Gateway
-from gateway.server.measure import RequestTracker
 from gateway.server.sse import SSEFilter
 from gateway.server.streaming import ProxyStreamResponse
-from gateway.server.upstream_client import UpstreamReply, UpstreamUnavailable
+from gateway.server.upstream_client import UpstreamFailed, UpstreamReply, UpstreamTimeout
 from gateway.server.upstream_headers import request_headers
 from gateway.server.upstreams import Upstream
 
@@ -44,7 +50,7 @@ log = logging.getLogger("sweetspot.api")
 @dataclass(frozen=True)
 class Route:
     path: str
-    schema: type
+    schema: type[BaseModel]
     streams: bool
 
 
@@ -65,15 +71,23 @@ async def embeddings(request: Request) -> Response:
     return await _Forward(request.app.state.gateway, request.scope, request.receive, EMBEDDINGS).run()
 
 
-# Plain Starlette routes (FastAPI's dependency solving buys nothing for a handler that reads its own
-# body); they answer a wrong method with 405. POSTs are served before routing by ProxiedRoutes.
+# Registered in the FastAPI app so they are described in its OpenAPI document (the request body's schema is
+# the validation model's) and answer a wrong method with 405; the POSTs themselves are served before routing
+# by ProxiedRoutes.
 for _route, _endpoint in ((CHAT, chat_completions), (COMPLETIONS, completions), (EMBEDDINGS, embeddings)):
-    router.add_route(_route.path, _endpoint, methods=["POST"])
+    router.add_api_route(
+        _route.path, _endpoint, methods=["POST"], response_class=Response,
+        openapi_extra={"requestBody": {"required": True, "content": {
+            "application/json": {"schema": _route.schema.model_json_schema()}}}},
+    )
 
 # Seconds a client is told to wait after an upstream's own 503 that named no time (a model loading).
 UPSTREAM_RETRY_AFTER_S = 1
 
 PROXIED = {route.path: route for route in (CHAT, COMPLETIONS, EMBEDDINGS)}
+
+#: Outcomes that say something about the upstream (its timeouts in a row are counted).
+UPSTREAM_OUTCOMES = frozenset({Outcome.OK, Outcome.UPSTREAM_ERROR, Outcome.TIMED_OUT, Outcome.CLIENT_ERROR})
 
 
 class ProxiedRoutes:
@@ -103,23 +117,18 @@ class ProxiedRoutes:
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
-    denied = check_auth(gateway, request.headers.get("authorization"))
+    denied = check_auth(gateway, raw_header(request.scope["headers"], b"authorization"))
     if denied is not None:
         return denied
     return JSONResponse({"object": "list", "data": gateway.pool.all_models()})
 
 
-def check_auth(gateway: Gateway, authorization: str | None) -> Response | None:
+def check_auth(gateway: Gateway, authorization: bytes | None) -> Response | None:
     """401 unless the ``Authorization`` header carries one of the configured client keys (no keys: open)."""
-    keys = gateway.settings.api_keys
-    if not keys:
-        return None
-    header = authorization or ""
-    token = header[7:].strip() if header[:7].lower() == "bearer " else ""
-    if token and any(hmac.compare_digest(token, key) for key in keys):
+    if not gateway.client_keys or key_matches(authorization, gateway.client_keys):
         return None
     gateway.metrics.rejections.labels("unauthorized").inc()
-    return error_response(401, "invalid or missing API key", code="invalid_api_key", reason="unauthorized")
+    return unauthorized()
 
 
 class _Forward:
@@ -133,6 +142,7 @@ class _Forward:
         self.headers = RequestHeaders(scope["headers"], self.gateway.settings.priority_header)
         self.request_id = self.headers.request_id or secrets.token_hex(16)
         self.permit: Permit[Upstream] | None = None  # the permit held right now, for the last-resort clean-up
+        self.watch: RequestWatch | None = None
 
     def _answer(self, response: Response) -> Response:
         if not isinstance(response, ProxyStreamResponse):  # a stream is built with it
@@ -149,21 +159,38 @@ class _Forward:
 
     async def run(self) -> Response:
         gateway = self.gateway
+        settings = gateway.settings
+        if gateway.drain.draining:
+            response = self._refuse(503, "the gateway is shutting down; retry (another replica will answer)",
+                                    "shutting_down", retry_after_s=DRAIN_RETRY_AFTER_S)
+            response.headers["connection"] = "close"
+            return response
         denied = check_auth(gateway, self.headers.authorization)
         if denied is not None:
             return self._answer(denied)
+        if not self.headers.is_json:
+            return self._refuse(415, "request bodies must be JSON (Content-Type: application/json)",
+                                "unsupported_media_type")
         try:
-            body = await read_body(self.receive, limit=gateway.settings.max_body_bytes,
-                                   declared_length=self.headers.content_length)
+            async with asyncio.timeout(settings.request_read_timeout_s):
+                body = await read_body(self.receive, limit=settings.max_body_bytes,
+                                       declared_length=self.headers.content_length)
         except ClientGone:  # left while sending its body
             gateway.metrics.rejections.labels("client_disconnected").inc()
             return self._answer(Response(status_code=499))
+        except TimeoutError:
+            response = self._refuse(408, f"request body not received within {settings.request_read_timeout_s:g} s",
+                                    "request_timeout")
+            response.headers["connection"] = "close"
+            return response
         if body is None:
-            return self._refuse(413, f"request body exceeds {gateway.settings.max_body_bytes} bytes",
-                                "body_too_large")
+            return self._refuse(413, f"request body exceeds {settings.max_body_bytes} bytes", "body_too_large")
         try:
             parsed = parse_body(self.route.schema, body)
             priority = self._priority()
+            n = getattr(parsed, "n", None)
+            if n is not None and n > settings.max_n:
+                raise BadRequest(f"n: at most {settings.max_n} choices per request", param="n")
         except BadRequest as exc:
             return self._refuse(400, str(exc), "bad_request", code=exc.code or "invalid_request", param=exc.param)
         model: str = parsed.model  # type: ignore[attr-defined]
@@ -179,7 +206,7 @@ class _Forward:
             if not forward_usage:
                 # Ask for usage so token counts are always known; the usage chunk is dropped on the way back.
                 body = with_usage_requested(body, options)
-        watch = DisconnectWatch(self.receive)
+        self.watch = watch = RequestWatch(self.receive, gateway.drain.running)
         handed_off = False
         try:
             permit = await self._admit(eligible, priority, watch)
@@ -190,6 +217,9 @@ class _Forward:
             return self._refuse(exc.status, str(exc), exc.reason, retry_after_s=exc.retry_after_s)
         except ClientGone:
             return self._answer(Response(status_code=499))  # nobody reads it; counted for the metrics
+        except ServerShutdown:
+            return self._refuse(503, "the gateway is shutting down; retry (another replica will answer)",
+                                "shutting_down", retry_after_s=DRAIN_RETRY_AFTER_S)
         except Exception:
             # A bug or an upstream failure nobody foresaw: the client still gets OpenAI's shape, and the
             # permit is returned (release and finish are idempotent).
@@ -199,7 +229,7 @@ class _Forward:
             return self._answer(error_response(500, "internal error in the gateway", code="internal_error"))
         finally:
             if not handed_off:
-                watch.stop()
+                watch.close()
 
     def _priority(self) -> int:
         raw = self.headers.priority
@@ -211,7 +241,7 @@ class _Forward:
             raise BadRequest(f"header {self.gateway.settings.priority_header} must be an integer",
                              param=self.gateway.settings.priority_header) from None
 
-    async def _admit(self, eligible: list[str], priority: int, watch: DisconnectWatch) -> Permit[Upstream]:
+    async def _admit(self, eligible: list[str], priority: int, watch: RequestWatch) -> Permit[Upstream]:
         """Wait for a permit; a client that leaves first raises ClientGone and never reaches an upstream."""
         gateway = self.gateway
         waited_from = gateway.clock()
@@ -227,50 +257,65 @@ class _Forward:
         self.tracker.admit(permit.target, permit.admitted, queue_wait)
         return permit
 
-    async def _send(self, permit: Permit[Upstream], eligible: list[str], body: bytes, stream: bool, forward_usage: bool,
-                    watch: DisconnectWatch) -> Response:
-        """Forward with one failover to another upstream for failures before any byte; owns ``permit``
-        until a streaming response takes it over."""
+    async def _send(self, permit: Permit[Upstream], eligible: list[str], body: bytes, stream: bool,
+                    forward_usage: bool, watch: RequestWatch) -> Response:
+        """Forward, failing over once to another upstream when the first provably did not run the request;
+        owns ``permit`` until a streaming response takes it over."""
         gateway = self.gateway
+        settings = gateway.settings
         self.tracker.streamed = stream
-        tried: set[str] = set()
+        # The client's own credential goes upstream only when the gateway holds no keys of its own.
+        authorization = None if gateway.client_keys else self.headers.authorization
+        gateway.metrics.overhead.observe(max(gateway.clock() - self.tracker.arrived - self.tracker.queue_wait, 0.0))
+        # A stream's headers come before its first token: both are due within first_token_timeout_s of now.
+        headers_timeout = settings.first_token_timeout_s if stream else settings.upstream_timeout_s
+        first_token_deadline = asyncio.get_running_loop().time() + settings.first_token_timeout_s
+        failed_over = False
         while True:
             upstream = permit.target
-            headers = request_headers(gateway.settings.upstream_api_key, self.headers.authorization,
-                                      self.request_id, stream=stream, keep_alive=upstream.streams_keep_alive)
-            if not tried:
-                gateway.metrics.overhead.observe(
-                    max(gateway.clock() - self.tracker.arrived - self.tracker.queue_wait, 0.0))
-            tried.add(upstream.name)
+            headers = request_headers(settings.upstream_api_key, authorization, self.request_id, stream=stream,
+                                      keep_alive=upstream.streams_keep_alive)
             self.tracker.switch(upstream)
             try:
-                reply = await watch.guard(gateway.client.send(upstream.url, self.route.path, body, headers))
+                reply = await watch.guard(gateway.client.send(
+                    upstream.url, self.route.path, body, headers, name=upstream.public_name, stream=stream,
+                    headers_timeout_s=headers_timeout))
             except ClientGone:
                 self._release(permit, Outcome.CLIENT_CANCELLED)
                 raise
-            except UpstreamUnavailable as exc:
+            except ServerShutdown:
+                self._release(permit, Outcome.SHUT_DOWN)
+                raise
+            except UpstreamFailed as exc:
                 if exc.connect_failed:
                     upstream.mark_down(str(exc))  # the health poll brings it back
-                others = [name for name in eligible if name not in tried]
-                alternative = gateway.queue.try_acquire(others) if others else None
+                alternative = None
+                if exc.not_processed and not failed_over:
+                    others = [name for name in eligible if name != upstream.name]
+                    alternative = gateway.queue.try_acquire(others) if others else None
                 if alternative is not None:
                     gateway.metrics.upstream_retries.labels(upstream.name, "failover").inc()
                     self.tracker.failed_attempt(gateway.metrics)
                     gateway.queue.release(permit)
                     permit = self.permit = alternative
+                    failed_over = True
                     continue
                 return self._finish(permit, Outcome.UPSTREAM_ERROR, self._upstream_failure(exc))
-            except asyncio.TimeoutError:
-                return self._finish(permit, Outcome.TIMED_OUT,
-                                    error_response(504, "the upstream did not answer in time", code="upstream_timeout"))
+            except UpstreamTimeout as exc:
+                log.warning("request %s: %s (%s)", self.request_id, exc, upstream.url)
+                return self._finish(permit, Outcome.TIMED_OUT, self._timeout_response(upstream))
             if stream and reply.status == 200:
-                return self._stream(permit, reply, forward_usage, watch)
+                return self._stream(permit, reply, forward_usage, watch, first_token_deadline)
             return await self._buffered(permit, reply, watch)
 
-    def _upstream_failure(self, exc: UpstreamUnavailable) -> Response:
-        """The last upstream failed before answering. An OpenAI-shaped error body of its own (llama-server's
-        "Loading model") is passed on; anything else becomes the gateway's 502/503. A 503 always carries
-        Retry-After (the upstream's, else one the SDK waits out), since 503 means "try again soon"."""
+    @staticmethod
+    def _timeout_response(upstream: Upstream) -> Response:
+        return error_response(504, f"{upstream.public_name} did not answer in time", code="upstream_timeout")
+
+    def _upstream_failure(self, exc: UpstreamFailed) -> Response:
+        """The upstream failed before answering. An OpenAI-shaped error body of its own (llama-server's
+        "Loading model", a 429) is passed on with its status; anything else becomes the gateway's 502/503.
+        A 503 or 429 always carries Retry-After (the upstream's, else one the SDK waits out)."""
         response: Response | None = None
         if exc.status is not None and exc.body:
             try:
@@ -280,33 +325,37 @@ class _Forward:
             if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
                 response = Response(exc.body, status_code=exc.status, media_type="application/json")
         if response is None:
-            status = 503 if exc.status == 503 else 502
+            status = exc.status if exc.status in (429, 503) else 502
             response = error_response(status, f"upstream failure: {exc}", code="upstream_unavailable")
-        if response.status_code == 503:
+        if response.status_code in (429, 503):
             response.headers["retry-after"] = exc.retry_after or str(UPSTREAM_RETRY_AFTER_S)
         return response
 
-    def _stream(self, permit: Permit[Upstream], reply: UpstreamReply, forward_usage: bool, watch: DisconnectWatch) -> Response:
+    def _stream(self, permit: Permit[Upstream], reply: UpstreamReply, forward_usage: bool, watch: RequestWatch,
+                first_token_deadline: float) -> Response:
         sse = SSEFilter(self.tracker, self.gateway.clock, forward_usage=forward_usage)
 
         def done(outcome: Outcome) -> None:
-            watch.stop()
+            watch.close()
             self._release(permit, outcome)
 
-        return ProxyStreamResponse(reply, sse, request_id=self.request_id, absorb_cancel=watch.absorb,
-                                   on_done=done)
+        return ProxyStreamResponse(reply, sse, request_id=self.request_id, watch=watch,
+                                   first_token_deadline=first_token_deadline, on_done=done)
 
-    async def _buffered(self, permit: Permit[Upstream], reply: UpstreamReply, watch: DisconnectWatch) -> Response:
+    async def _buffered(self, permit: Permit[Upstream], reply: UpstreamReply, watch: RequestWatch) -> Response:
         try:
             payload = await watch.guard(reply.response.read())
         except ClientGone:
             reply.close()
             self._release(permit, Outcome.CLIENT_CANCELLED)
             raise
+        except ServerShutdown:
+            reply.close()
+            self._release(permit, Outcome.SHUT_DOWN)
+            raise
         except asyncio.TimeoutError:
             reply.close()
-            return self._finish(permit, Outcome.TIMED_OUT,
-                                error_response(504, "the upstream did not answer in time", code="upstream_timeout"))
+            return self._finish(permit, Outcome.TIMED_OUT, self._timeout_response(permit.target))
         except Exception as exc:  # aiohttp.ClientError and friends: the body broke off
             reply.close()
             return self._finish(permit, Outcome.UPSTREAM_ERROR,
@@ -326,8 +375,13 @@ class _Forward:
         return self._finish(permit, outcome, Response(payload, status_code=status, media_type=content_type))
 
     def _release(self, permit: Permit[Upstream], outcome: Outcome) -> None:
-        self.tracker.finish(outcome, self.gateway.metrics)
-        self.gateway.queue.release(permit)
+        gateway = self.gateway
+        if not permit.released and outcome in UPSTREAM_OUTCOMES:
+            permit.target.request_ended(outcome is Outcome.TIMED_OUT, now=time.monotonic(),
+                                        timeouts_to_down=gateway.settings.upstream_timeouts_to_down,
+                                        hold_s=gateway.settings.health_hold_s)
+        self.tracker.finish(outcome, gateway.metrics)
+        gateway.queue.release(permit)
 
     def _finish(self, permit: Permit[Upstream], outcome: Outcome, response: Response) -> Response:
         self._release(permit, outcome)

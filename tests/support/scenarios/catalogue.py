@@ -33,11 +33,12 @@ under the given conditions (what ``sweetspot sweep`` measures), the smallest rea
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from gateway.control.algorithm import Reason
+from gateway.control.algorithm import LimitAlgorithm, Reason
 from gateway.control.config import AimdConfig, StartPoint
-from tests.support.scenarios.evaluate import Oracle, goodput, oracle, static_point, tpot_p99
+from tests.support.scenarios.evaluate import Oracle, goodput, oracle, static_point, tpot_p99, ttft_p99
 from tests.support.scenarios.harness import Conditions, Harness, Workload
 from gateway.control.observation import Headroom
 from gateway.sim.profiles import get_profile
@@ -196,6 +197,7 @@ class PhaseResult:
     tpot_p99: float | None
     preemptions: int
     failures: list[str] = field(default_factory=list)
+    ttft_p99: float | None = None  # net of the gateway's queue, over the same interval as goodput
 
     @property
     def ok(self) -> bool:
@@ -213,16 +215,24 @@ def _convergence(limits: list[tuple[float, int]], start: float, band: tuple[floa
     return None
 
 
-def run(scenario: Scenario, config: AimdConfig | None = None, *, count_at_end: bool = False) -> list[PhaseResult]:
-    """Simulate ``scenario`` with the controller and judge every phase against its oracle (``count_at_end``:
-    see :class:`Harness`)."""
+def run(scenario: Scenario, config: AimdConfig | None = None, *, algorithm: Callable[[], LimitAlgorithm] | None = None,
+        static_limit: int | None = None, control_interval_s: float = 2.0, scrape_interval_s: float = 2.0,
+        count_at_end: bool = False) -> list[PhaseResult]:
+    """Simulate ``scenario`` with the controller and judge every phase against its oracle.
+
+    ``algorithm`` (a factory, one per gateway) or ``static_limit`` run something else in the
+    controller's place, judged the same way: the comparison baselines (``bench/baselines.py``). They
+    may tick and scrape at their own reference's pace. ``count_at_end``: see :class:`Harness`."""
     config = config or AimdConfig()
     profile = get_profile(scenario.profile)
     gateways = len(scenario.phases[0].conditions.clients)
-    start = None if scenario.sweep is None else sweep_start(scenario.profile, scenario.sweep, config, scenario.seed,
-                                                            scenario.sweep_levels)
+    start_point = None
+    if scenario.sweep is not None and algorithm is None and static_limit is None:
+        start_point = sweep_start(scenario.profile, scenario.sweep, config, scenario.seed, scenario.sweep_levels)
     harness = Harness(profile, config, gateways=gateways, seed=scenario.seed, initial_limit=scenario.initial_limit,
-                      start=start, count_at_end=count_at_end)
+                      start=start_point, algorithm=algorithm, static_limit=static_limit,
+                      control_interval_s=control_interval_s, scrape_interval_s=scrape_interval_s,
+                      count_at_end=count_at_end)
     results = []
     for phase in scenario.phases:
         start = harness.now
@@ -255,6 +265,7 @@ def _judge(scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfi
     result = PhaseResult(
         scenario.name, phase.name, start, end, phase.checks, the_oracle, band, per_gateway, settled, converged,
         good, ratio, tpot, harness.trace.preemptions_between(judged_from, end),
+        ttft_p99=ttft_p99(finished, judged_from, end),
     )
     failures = result.failures
     for check in phase.checks:

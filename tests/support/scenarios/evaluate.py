@@ -69,6 +69,13 @@ def tpot_p99(finished: Iterable[Finished], start: float, end: float) -> float | 
     return percentile(values, 99)  # type: ignore[arg-type]
 
 
+def ttft_p99(finished: Iterable[Finished], start: float, end: float) -> float | None:
+    """p99 TTFT net of the gateway's queue (what the objective judges) of requests that finished in [start, end)."""
+    values = [f.sample.upstream_ttft for f in finished
+              if start <= f.sample.finished < end and f.sample.outcome is Outcome.OK and f.sample.upstream_ttft is not None]
+    return percentile(values, 99)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True, slots=True)
 class StaticPoint:
     limit: int

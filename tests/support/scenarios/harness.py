@@ -22,8 +22,10 @@ import heapq
 import itertools
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from gateway.control.algorithm import LimitAlgorithm, RequestObserver
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.observation import Headroom, LimiterState
 from gateway.control.controller import UpstreamControl
@@ -126,6 +128,7 @@ class _Request:
     tokens: int = 0
     streamed: bool = True
     open_key: int | None = None  # registered in flight with the gateway's window (non-streamed)
+    inflight_at_admit: int = 0
 
 
 class _Gateway:
@@ -145,7 +148,9 @@ class Harness:
     """One backend engine, ``len(conditions.clients)`` gateways in front of it, virtual time.
 
     With ``static_limit`` set, gateways hold that limit (the oracle's static runs); otherwise each
-    runs an :class:`UpstreamControl` built from ``config``.
+    runs an :class:`UpstreamControl` built from ``config``, stepping ``algorithm()`` instead of the
+    controller when that is given (the comparison baselines). An algorithm that is also a
+    :class:`RequestObserver` hears of every request as it ends, and its answer is applied at once.
     """
 
     def __init__(
@@ -161,6 +166,7 @@ class Harness:
         control_interval_s: float = 2.0,
         scrape_interval_s: float = 2.0,
         hard_cap: int | None = None,
+        algorithm: Callable[[], LimitAlgorithm] | None = None,
         count_at_end: bool = False,
     ) -> None:
         self.profile = profile
@@ -177,7 +183,8 @@ class Harness:
         for g in range(gateways):
             control = None
             if static_limit is None:
-                control = UpstreamControl(f"gw{g}", config, initial_limit=initial_limit, start=start)
+                control = UpstreamControl(f"gw{g}", config, initial_limit=initial_limit, start=start,
+                                          algorithm=None if algorithm is None else algorithm())
             limit = static_limit if static_limit is not None else control.limit  # type: ignore[union-attr]
             self.gateways.append(_Gateway(g, limit, config.window_s, control))
         self.trace = Trace()
@@ -276,6 +283,7 @@ class Harness:
             if not request.streamed:
                 request.open_key = gw.window.opened(self.now)
             gw.inflight += 1
+            request.inflight_at_admit = gw.inflight
             gw.peak = max(gw.peak, gw.inflight)
             hop = self.conditions.hop_s if self.conditions is not None else 0.0
             if hop > 0:  # drawn only with a hop: runs without one keep their random sequence
@@ -299,13 +307,14 @@ class Harness:
             first_token=request.first_token, prompt_tokens=request.prompt,
             output_tokens=request.tokens, outcome=outcome,
         )
-        if request.streamed:
-            gw.window.add(sample)
-        else:  # what the gateway sees of a whole answer: no first token, every token at the end
-            gw.window.add(replace(sample, first_token=None, streamed=False))
-            if request.open_key is not None:
-                gw.window.closed(request.open_key)
+        # What the gateway sees of a whole answer: no first token, every token at the end.
+        seen = sample if request.streamed else replace(sample, first_token=None, streamed=False)
+        gw.window.add(seen)
+        if request.open_key is not None:
+            gw.window.closed(request.open_key)
         self.trace.finished.append(Finished(request.gateway, sample))
+        if gw.control is not None and isinstance(gw.control.algorithm, RequestObserver):
+            gw.limit = gw.control.algorithm.on_request(self.now, seen, request.inflight_at_admit, gw.inflight)
         self._busy[request.gateway].discard(request.client)
         assert self.conditions is not None
         pause = self.conditions.workload.think_s if outcome is Outcome.OK else RETRY_AFTER_ERROR_S

@@ -1,0 +1,186 @@
+"""A misbehaving OpenAI-style upstream on loopback that counts what reaches it.
+
+The gateway's production rules are about what an upstream *received*: a request must reach upstreams at most
+once, a hung upstream must not hold a permit for ever. :class:`FaultUpstream` is a raw TCP server (a thread
+per connection, HTTP/1.1 parsed by hand, so it can do what no real server framework lets it: read a request
+and drop the connection, close a kept connection under the next request, answer headers and then stall). It
+answers ``GET /health`` and ``GET /v1/models`` normally so the gateway's health poll sees it up, and counts
+every POST it read in full (``deliveries``) with its headers (``seen_headers``).
+
+Modes (``mode``, changeable while it runs):
+
+* ``ok``: a small chat completion (streamed or not, as asked), keep-alive.
+* ``drop``: read the request, then close the connection without a byte.
+* ``close_next``: answer like ``ok`` and keep the connection, but close it without reading when the next
+  request arrives on it (a kept connection the server had closed: the keep-alive race, made certain).
+* ``status:<code>``: answer ``<code>`` with an OpenAI-shaped error body.
+* ``hang``: read the request, never answer.
+* ``stall``: answer a stream's headers and one token, then go silent.
+* ``no_token``: answer a stream's headers and a chunk with no token (the role only), then go silent.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+MODEL = "fault-model"
+
+
+class FaultUpstream:
+    def __init__(self, mode: str = "ok") -> None:
+        self.mode = mode
+        self.deliveries = 0
+        self.seen_headers: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+        self._sock = socket.socket()
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(512)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._stop = threading.Event()
+        self._open: set[socket.socket] = set()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        """Stop listening (later connections are refused) and drop every open connection."""
+        self._stop.set()
+        _close(self._sock)  # shutdown wakes the thread blocked in accept(); close alone would not
+        with self._lock:
+            for conn in list(self._open):
+                _close(conn)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._open.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        reader = conn.makefile("rb")
+        served = 0
+        try:
+            while True:
+                head = _read_head(reader)
+                if head is None:
+                    return
+                method, path, headers = head
+                if served and self.mode == "close_next" and method == "POST":
+                    return  # a kept connection closed under the next request, which was never read
+                body = reader.read(int(headers.get("content-length", "0")))
+                if method == "GET":
+                    conn.sendall(_get_answer(path))
+                    served += 1
+                    continue
+                with self._lock:
+                    self.deliveries += 1
+                    self.seen_headers.append(headers)
+                if not self._answer(conn, json.loads(body or b"{}")):
+                    return
+                served += 1
+        except OSError:
+            return
+        finally:
+            with self._lock:
+                self._open.discard(conn)
+            _close(conn)
+
+    def _answer(self, conn: socket.socket, request: dict) -> bool:
+        """Answer one POST; False to close the connection afterwards (or without answering)."""
+        mode = self.mode
+        if mode == "drop":
+            return False
+        if mode == "hang":
+            self._stop.wait()
+            return False
+        if mode.startswith("status:"):
+            status = int(mode.split(":", 1)[1])
+            body = json.dumps({"error": {"message": f"fault upstream answers {status}", "type": "server_error",
+                                         "param": None, "code": None}}).encode()
+            conn.sendall(_response(status, body, "application/json"))
+            return True
+        if request.get("stream"):
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            if mode == "no_token":
+                conn.sendall(_chunk(_event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})))
+                self._stop.wait()
+                return False
+            conn.sendall(_chunk(_event({"choices": [{"index": 0, "delta": {"content": "hello"}}]})))
+            if mode == "stall":
+                self._stop.wait()
+                return False
+            usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+            conn.sendall(_chunk(_event({"choices": [], "usage": usage})) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            return True
+        body = json.dumps({"id": "x", "object": "chat.completion", "model": MODEL,
+                           "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"},
+                                        "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
+        conn.sendall(_response(200, body, "application/json"))
+        return True
+
+
+def _read_head(reader) -> tuple[str, str, dict[str, str]] | None:  # type: ignore[no-untyped-def]
+    line = reader.readline()
+    if not line:
+        return None
+    method, path, _ = line.decode("latin-1").split(" ", 2)
+    headers: dict[str, str] = {}
+    while (line := reader.readline()) not in (b"\r\n", b"\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return method, path, headers
+
+
+def _get_answer(path: str) -> bytes:
+    if path.startswith("/v1/models"):
+        return _response(200, json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode(),
+                         "application/json")
+    return _response(200, b"{}", "application/json")
+
+
+def _response(status: int, body: bytes, content_type: str) -> bytes:
+    return (f"HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
+            "connection: keep-alive\r\n\r\n").encode() + body
+
+
+def _event(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def _close(conn: socket.socket) -> None:
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    conn.close()
+
+
+@contextmanager
+def fault_upstream(mode: str = "ok") -> Iterator[FaultUpstream]:
+    upstream = FaultUpstream(mode)
+    try:
+        yield upstream
+    finally:
+        upstream.close()
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
