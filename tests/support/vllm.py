@@ -11,6 +11,9 @@ Defaults chosen for a 2-core machine shared with other work (see docs/vllm.md fo
 - ``--block-size 32``: the CPU attention kernels want a multiple of 32.
 - ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the CPU KV cache; ``--num-gpu-blocks-override`` sets the block count
   outright, for a KV budget small enough that a few dozen long requests fill it and vLLM preempts.
+- ``--gpu-memory-utilization 0.25``: on the CPU build it is the share of the machine's RAM vLLM wants free at
+  start (default 0.92); with other jobs on the machine the default refused to start ("Available memory on
+  node 0 (11.73/13.59 GiB) on startup is less than desired CPU memory utilization").
 - no ``--enforce-eager``: in eager mode vllm-cpu 0.32.0's worker died with SIGILL on the first request on
   these machines; the default (torch.compile, cached under ``VLLM_CACHE_ROOT``) serves.
 """
@@ -28,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.testing.processes import RunningProcess, free_port
+from gateway.testing.processes import ProcessError, RunningProcess, free_port
 
 Start = Callable[..., RunningProcess]
 
@@ -144,6 +147,7 @@ class VllmConfig:
     block_size: int = 32
     num_gpu_blocks: int | None = None  # --num-gpu-blocks-override: the KV budget in blocks
     kv_space_gib: float = 1.0  # VLLM_CPU_KVCACHE_SPACE when no block count is forced
+    memory_fraction: float = 0.25  # --gpu-memory-utilization: on the CPU build, the share of RAM it may take
     threads: int = 1
     extra: tuple[str, ...] = ()
     extra_env: Mapping[str, str] = field(default_factory=dict)
@@ -156,7 +160,8 @@ class VllmConfig:
         cmd = [str(vllm_command()), "serve", str(self.model), "--served-model-name", self.served_model_name,
                "--host", self.host, "--port", str(self.port), "--max-num-seqs", str(self.max_num_seqs),
                "--max-model-len", str(self.max_model_len), "--block-size", str(self.block_size),
-               "--seed", "0", "--disable-uvicorn-access-log"]
+               "--gpu-memory-utilization", f"{self.memory_fraction:g}", "--seed", "0",
+               "--disable-uvicorn-access-log"]
         if self.num_gpu_blocks is not None:
             cmd += ["--num-gpu-blocks-override", str(self.num_gpu_blocks)]
         return cmd + list(self.extra)
@@ -186,5 +191,19 @@ def start_vllm(start: Start, config: VllmConfig, *, timeout: float = 420.0, read
     vLLM is told its port (it does not print a kernel-picked one); the engine takes tens of seconds to profile
     and compile before ``/health`` answers, longer on a busy machine.
     """
-    return start(config.command(), env=config.env(), ready_url=f"{config.base_url}/health" if ready else None,
-                 timeout=timeout)
+    proc = start(config.command(), env=config.env(), timeout=timeout)
+    if ready:
+        try:
+            proc.wait_for_url(f"{config.base_url}/health", timeout)
+        except ProcessError as exc:
+            raise ProcessError(f"{exc}\n--- vLLM's error lines (the root cause is usually the first) ---\n"
+                               f"{error_lines(proc.output())}") from None
+    return proc
+
+
+def error_lines(output: str, limit: int = 40) -> str:
+    """The lines of vLLM's output that name an error, without traceback frames: its root cause sits in the
+    worker's or engine core's log, far above the API server's last words."""
+    picked = [line for line in output.splitlines()
+              if ("Error" in line or "ERROR" in line) and "File \"" not in line and "Location" not in line]
+    return "\n".join(picked[:limit])
