@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # Where built tools are cached between runs (outside the work tree, keyed by version inside).
 export SWEETSPOT_CACHE_DIR ?= $(HOME)/.cache/sweetspot
 
-.PHONY: demo test venv llama-server prometheus bench lock clean
+.PHONY: demo test venv llama-server vllm prometheus bench lock clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "sweetspot needs Python 3.11+, found " + sys.version' 
@@ -24,11 +24,16 @@ demo: $(STAMP)
 llama-server: $(STAMP)
 	bash scripts/build-llama-server.sh
 
+# Install (or reuse from the cache) the pinned vLLM CPU build in its own virtualenv, outside .venv: the gateway's
+# own install never carries vLLM or torch. See docs/vllm.md.
+vllm:
+	bash scripts/install-vllm.sh
+
 # Install Prometheus (Debian package) when it is missing; the dashboard/alert tests need it.
 prometheus:
 	bash scripts/install-prometheus.sh
 
-test: $(STAMP) llama-server prometheus
+test: $(STAMP) llama-server vllm prometheus
 	$(PY) -m mypy
 	$(PY) -m pytest
 

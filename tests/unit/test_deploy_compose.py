@@ -34,6 +34,12 @@ _VAR = re.compile(r"\$(?:(?P<escaped>\$)|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?P
                   r"|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))")
 
 
+def vllm_flags(args: list[str]) -> dict[str, str]:
+    """``vllm serve``'s ``--flag value`` pairs (the model is positional, first, and not one of them)."""
+    pairs = args[1:] if args and not str(args[0]).startswith("--") else args
+    return dict(zip(pairs[::2], pairs[1::2]))
+
+
 def read_env_example() -> dict[str, str]:
     """KEY=VALUE lines of .env.example, requiring a comment just above each key (its documentation)."""
     values: dict[str, str] = {}
@@ -337,15 +343,16 @@ def test_gateway_gets_read_only_gpu_access_for_nvml_and_vllm_gets_the_gpu(compos
     assert devices["count"] != "all"
     assert devices["count"] == vllm_devices["count"]
     command = compose["services"]["vllm"]["command"]
-    assert dict(zip(command[::2], command[1::2]))["--tensor-parallel-size"] == str(vllm_devices["count"])
+    assert vllm_flags(command)["--tensor-parallel-size"] == str(vllm_devices["count"])
     for name in ("sim", "sweetspot-sim"):
         assert "deploy" not in compose["services"][name], f"{name} must run without a GPU"
 
 
 def test_vllm_options_come_from_the_environment_file(raw: dict[str, Any]) -> None:
     command = raw["services"]["vllm"]["command"]
-    options = dict(zip(command[::2], command[1::2]))
-    for flag, var in (("--model", "MODEL"), ("--max-model-len", "MAX_MODEL_LEN"),
+    assert command[0].startswith("${MODEL"), "the model is vllm serve's positional argument, from $MODEL"
+    options = dict(zip(command[1::2], command[2::2]))
+    for flag, var in (("--max-model-len", "MAX_MODEL_LEN"),
                       ("--gpu-memory-utilization", "GPU_MEMORY_UTILIZATION"), ("--max-num-seqs", "MAX_NUM_SEQS")):
         assert options[flag].startswith("${" + var), f"vllm {flag} should come from ${var}"
     assert options["--port"] == "8000"
@@ -356,7 +363,7 @@ def test_vllm_options_come_from_the_environment_file(raw: dict[str, Any]) -> Non
 def test_the_gateways_limit_is_bounded_by_vllms_max_num_seqs(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM does not publish --max-num-seqs; the gateway gets the same value, so its hard cap knows it."""
     command = compose["services"]["vllm"]["command"]
-    max_num_seqs = int(dict(zip(command[::2], command[1::2]))["--max-num-seqs"])
+    max_num_seqs = int(vllm_flags(command)["--max-num-seqs"])
     env = {k: str(v) for k, v in compose["services"]["sweetspot"]["environment"].items() if k.startswith("SWEETSPOT_")}
     for key, value in env.items():
         monkeypatch.setenv(key, value)

@@ -99,6 +99,12 @@ SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
 }
 
 
+def vllm_flags(args: list[str]) -> dict[str, str]:
+    """``vllm serve``'s ``--flag value`` pairs (the model is positional, first, and not one of them)."""
+    pairs = args[1:] if args and not str(args[0]).startswith("--") else args
+    return dict(zip(pairs[::2], pairs[1::2]))
+
+
 def documents() -> list[tuple[str, dict[str, Any]]]:
     found = []
     for path in sorted(K8S.glob("*.yaml")):
@@ -299,7 +305,7 @@ def test_vllm_pods_get_a_gpu_each() -> None:
 
 def vllm_args() -> dict[str, str]:
     args = one("StatefulSet", "vllm")["spec"]["template"]["spec"]["containers"][0]["args"]
-    return dict(zip(args[::2], args[1::2]))
+    return vllm_flags(args)
 
 
 def test_the_gateways_together_stay_within_vllms_max_num_seqs(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,110 @@
+"""A real vLLM that is not up yet, then comes up, then dies under a stream: what the gateway's clients see.
+
+One vLLM process for the module, on a port fixed in advance so the gateway can be started first. vLLM opens
+its HTTP port only once its engine is ready (tens of seconds of profiling and compiling here), so while it
+loads the gateway finds nothing listening: ``/readyz`` answers 503 and requests get 503 ``no_upstream`` with
+``Retry-After``, which the OpenAI SDK's own retries ride out until vLLM serves. Then vLLM is killed (SIGKILL to
+its whole process group: API server, engine core and worker) in the middle of a stream: the client gets an
+OpenAI-shaped error event, the permit is released and the gateway turns unready.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import httpx
+import openai
+import pytest
+
+from tests.support.gateway import get_json, metric_value, start_gateway
+from tests.support.vllm import MODEL, start_vllm, vllm_config
+
+FAST_HEALTH = {"SWEETSPOT_HEALTH_INTERVAL_S": "0.2", "SWEETSPOT_METRICS_INTERVAL_S": "0.5"}
+CHAT = [{"role": "user", "content": "Say something."}]
+
+
+def get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:g}s")
+        time.sleep(interval)
+
+
+def assert_openai_error(error: object) -> dict:
+    assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"]
+    return error
+
+
+def test_gateway_before_vllm_refuses_with_retry_after_then_serves_then_survives_its_death(processes) -> None:
+    config = vllm_config(max_num_seqs=4, num_gpu_blocks=96)
+    url = config.base_url
+    gateway = start_gateway(processes, [url], "--no-control", "--initial-limit", "4", env=FAST_HEALTH,
+                            ready=False).url
+    status, body = get(f"{gateway}/readyz")
+    assert status == 503 and body["ready"] is False
+
+    server = start_vllm(processes, config, ready=False)
+    answers: list[httpx.Response] = []
+
+    def record(response: httpx.Response) -> None:
+        response.read()
+        answers.append(response)
+
+    # Retry-After is 2 s and vLLM takes tens of seconds to load: enough retries to outlast any loading time the
+    # fixture allows (start_vllm's 420 s).
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=250, timeout=120,
+                           http_client=httpx.Client(event_hooks={"response": [record]}))
+    reply = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4, extra_body={"ignore_eos": True})
+    assert reply.usage.completion_tokens == 4
+    assert server.alive()
+    assert answers[-1].status_code == 200
+    refusals = answers[:-1]
+    assert refusals, "the first answer came after vLLM was up; the loading window was missed"
+    print(f"refused {len(refusals)} time(s) while vLLM loaded, then served")
+    for answer in refusals:
+        assert answer.status_code == 503
+        assert assert_openai_error(answer.json()["error"])["code"] == "no_upstream"
+        assert answer.headers["retry-after"] == "2"
+    wait_for(lambda: get(f"{gateway}/readyz")[0] == 200, 10, "/readyz 200 once vLLM serves")
+
+    # --- vLLM killed mid-stream ---
+    stream = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=120).completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=1500, stream=True, extra_body={"ignore_eos": True})
+    received = 0
+    with pytest.raises(openai.APIError) as err:
+        for chunk in stream:
+            received += sum(1 for c in chunk.choices if c.text)
+            if received == 5:
+                os.killpg(server.pid, signal.SIGKILL)  # API server, engine core and worker: no goodbye
+    assert received >= 5
+    assert assert_openai_error(err.value.body)["code"] == "upstream_disconnected"
+    state = lambda: get_json(f"{gateway}/state")["upstreams"][0]  # noqa: E731
+    wait_for(lambda: state()["inflight"] == 0, 5, "the permit released")
+    assert metric_value(f"{gateway}/metrics", "sweetspot_upstream_requests_total",
+                        {"upstream": url, "outcome": "upstream_error"}) == 1
+    status, body = wait_for(lambda: (r := get(f"{gateway}/readyz"))[0] == 503 and r, 10, "/readyz turning 503")
+    assert body["upstreams"][url]["error"]
+    with pytest.raises(openai.InternalServerError) as refused:
+        openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0).chat.completions.create(
+            model=MODEL, messages=CHAT, max_tokens=2)
+    assert refused.value.status_code == 503
+    assert assert_openai_error(refused.value.body)["code"] == "no_upstream"
+    assert refused.value.response.headers.get("retry-after") == "2"

