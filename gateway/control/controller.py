@@ -21,6 +21,7 @@ from gateway.control.aimd import Aimd
 from gateway.control.algorithm import Action, Decision, LimitAlgorithm
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.observation import NO_HEADROOM, Headroom, Latency, LimiterState, Observation, observe
+from gateway.control.share import Peers
 from gateway.control.window import SlidingWindow, WindowStats
 
 
@@ -61,17 +62,20 @@ class UpstreamControl:
         *,
         hard_cap: int | None = None,
         tokens_total: float | None = None,
+        peers: Peers | None = None,
     ) -> Decision:
         """One control step. The cumulative count of output tokens streamed through this upstream
         (``window.tokens_total``, or ``tokens_total`` when given) lets throughput be read over exactly
         the interval at one limit; without it readings wait for whole windows.
-        The window's statistics are kept in ``last_stats`` for the caller's gauges."""
+        The window's statistics are kept in ``last_stats`` for the caller's gauges. ``peers``: the other
+        replicas of this upstream, when they share their numbers (see :mod:`gateway.control.share`)."""
         if tokens_total is None:
             tokens_total = window.tokens_total
         stats = window.stats(now)
         fresh = [s for s in window.samples(now) if s.admitted >= self._evidence_since]
         observation = observe(
-            now, stats, limiter, headroom, hard_cap=hard_cap, tokens_total=tokens_total, latency=Latency.of(fresh)
+            now, stats, limiter, headroom, hard_cap=hard_cap, tokens_total=tokens_total, latency=Latency.of(fresh),
+            peers=peers,
         )
         decision = self.algorithm.step(observation)
         if decision.action is Action.DECREASE:

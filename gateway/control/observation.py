@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gateway.control.share import Peers
 from gateway.control.window import Outcome, RequestSample, WindowStats, percentile
 
 
@@ -127,6 +128,8 @@ class Observation:
     preemptions_total: float | None = None
     preemptions_age_s: float | None = None
     gpus: tuple[GpuHeadroom, ...] = field(default=(), repr=False)
+    # the other replicas in front of the same backend, from shared state (None: none known)
+    peers: Peers | None = None
 
     @property
     def failures(self) -> int:
@@ -141,8 +144,11 @@ class Observation:
     def as_dict(self) -> dict[str, Any]:
         """The flat numbers (no per-GPU detail), rounded for logs and the JSON state view."""
         out: dict[str, Any] = {}
+        if self.peers is not None:
+            out["peers"] = {"replicas": self.peers.replicas, "demand": round(self.peers.demand, 2),
+                            "limit": self.peers.limit, "age_s": round(self.peers.age_s, 2)}
         for name, value in asdict(self).items():
-            if name == "gpus":
+            if name in ("gpus", "peers"):
                 continue
             out[name] = round(value, 4) if isinstance(value, float) else value
         return out
@@ -163,6 +169,7 @@ def observe(
     hard_cap: int | None = None,
     tokens_total: float | None = None,
     latency: Latency | None = None,
+    peers: Peers | None = None,
 ) -> Observation:
     """Fold one tick's inputs into an :class:`Observation`. Pure: ``now`` is the caller's clock.
     ``latency`` defaults to the whole window's percentiles."""
@@ -199,4 +206,5 @@ def observe(
         preemptions_total=headroom.preemptions_total,
         preemptions_age_s=_age(now, headroom.backend_at, headroom.preemptions_total),
         gpus=gpus,
+        peers=peers,
     )

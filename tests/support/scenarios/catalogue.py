@@ -81,6 +81,7 @@ class Scenario:
     initial_limit: int = 8
     sweep: Conditions | None = None  # start from a sweep measured under these conditions
     sweep_levels: tuple[int, ...] = SWEEP_LEVELS
+    shared: bool = False  # the gateways share their demand and limits (Redis between real replicas)
 
 
 def sweep_start(profile: str, conditions: Conditions, config: AimdConfig, seed: int,
@@ -199,7 +200,8 @@ def run(scenario: Scenario, config: AimdConfig | None = None, *, algorithm: Call
         start_point = sweep_start(scenario.profile, scenario.sweep, config, scenario.seed, scenario.sweep_levels)
     harness = Harness(profile, config, gateways=gateways, seed=scenario.seed, initial_limit=scenario.initial_limit,
                       start=start_point, algorithm=algorithm, static_limit=static_limit,
-                      control_interval_s=control_interval_s, scrape_interval_s=scrape_interval_s)
+                      control_interval_s=control_interval_s, scrape_interval_s=scrape_interval_s,
+                      shared=scenario.shared)
     results = []
     for phase in scenario.phases:
         start = harness.now

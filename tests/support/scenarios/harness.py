@@ -26,6 +26,7 @@ from gateway.control.algorithm import LimitAlgorithm, RequestObserver
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.observation import Headroom, LimiterState
 from gateway.control.controller import UpstreamControl
+from gateway.control.share import Peers
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
 from gateway.sim.engine import Engine, InjectedError, StepResult
 from gateway.sim.profiles import Profile
@@ -150,6 +151,7 @@ class Harness:
         scrape_interval_s: float = 2.0,
         hard_cap: int | None = None,
         algorithm: Callable[[], LimitAlgorithm] | None = None,
+        shared: bool = False,
     ) -> None:
         self.profile = profile
         self.config = config
@@ -176,6 +178,8 @@ class Harness:
         self._busy: list[set[int]] = [set() for _ in range(gateways)]  # clients with a request out
         self._step_pending = False
         self._headroom = Headroom()
+        # The replicas' shared state (what Redis holds between real gateways): gateway -> (demand, limit, at).
+        self.board: dict[int, tuple[int, int, float]] | None = {} if shared else None
         for g in range(gateways):
             self._push(control_interval_s * (1 + g / max(gateways, 1) / 7), "tick", g)
         self._push(0.0, "scrape", None)
@@ -331,6 +335,17 @@ class Harness:
         elif mode == "none":
             self._headroom = Headroom()
 
+    def _peers(self, g: int, gw: _Gateway) -> Peers | None:
+        """Publish this gateway's demand and limit on the board, and read the others' back."""
+        if self.board is None:
+            return None
+        self.board[g] = (gw.inflight + len(gw.queue), gw.limit, self.now)
+        others = [entry for other, entry in self.board.items() if other != g]
+        if not others:
+            return None
+        return Peers(len(others), sum(e[0] for e in others), sum(e[1] for e in others),
+                     self.now - min(e[2] for e in others))
+
     def _tick(self, g: int) -> None:
         self._push(self.now + self.control_interval_s, "tick", g)
         gw = self.gateways[g]
@@ -340,10 +355,12 @@ class Harness:
         if gw.control is not None:
             decision = gw.control.tick(
                 self.now, gw.window, limiter, self._headroom,
-                hard_cap=self.hard_cap,
+                hard_cap=self.hard_cap, peers=self._peers(g, gw),
             )
             action, reason = decision.action.value, decision.reason.value
             if decision.limit != gw.limit:
                 gw.limit = decision.limit
                 self._dispatch(gw)
+            if self.board is not None:
+                self.board[g] = (gw.inflight + len(gw.queue), gw.limit, self.now)
         self.trace.ticks.append(Tick(g, self.now, gw.limit, gw.inflight, len(gw.queue), action, reason))

@@ -1,0 +1,50 @@
+"""The demand-weighted fair share of a backend that several gateway replicas feed.
+
+Each replica judges slots by its own throughput, and its own throughput rises with its share of the
+backend whatever the backend's total does, so replicas at their knees keep whatever split the race at
+start-up gave them. From the backend's own metrics a replica sees how many requests run in all and how
+many of them are its own, but not how many requests the *others* hold queued: the queues are in the
+gateways. "They have little demand" and "they have much demand and small limits" look the same from
+the backend, so with more than two replicas, or uneven demand, the fair split cannot be inferred; it
+needs each replica's demand. :class:`Peers` is what the other replicas last published (shared state,
+``gateway.server.share_board``), and :func:`fair_share` turns it into this replica's share of the
+limits all replicas hold together, in proportion to demand: each waiting client gets the same share of
+the backend whichever replica the load balancer sent it to.
+
+The sum of the limits is still found by every replica's own knee search; this rule only moves slots
+between replicas, so the sum stays where the searches put it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Outside this share of the fair share a replica moves to it (the scenarios' bound is 25%).
+SHARE_SLACK = 0.15
+
+
+@dataclass(frozen=True, slots=True)
+class Peers:
+    """The other replicas of the same upstream as they last published themselves: how many, their
+    demand (in flight plus queued, summed) and their limits (summed), and the age of the oldest entry."""
+
+    replicas: int
+    demand: float
+    limit: int
+    age_s: float
+
+
+def fair_share(limit: int, demand: float, peers: Peers | None, stale_s: float) -> int | None:
+    """This replica's demand-weighted share of all replicas' limits together, or None when there is
+    nothing to share (no peers, stale entries, no demand) or the limit is already within the slack."""
+    if peers is None or peers.replicas <= 0 or peers.age_s > stale_s or demand <= 0:
+        return None
+    total_demand = demand + peers.demand
+    total_limit = limit + peers.limit
+    if total_demand <= total_limit:
+        return None  # nobody is held back: every replica's demand fits, there is no contention to split
+    share = total_limit * demand / total_demand
+    if abs(limit - share) <= SHARE_SLACK * share:
+        return None
+    return max(1, round(share))
+
