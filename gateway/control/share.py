@@ -24,14 +24,33 @@ SHARE_SLACK = 0.15
 
 
 @dataclass(frozen=True, slots=True)
+class Entry:
+    """One replica's numbers as it published them: its demand (in flight plus queued) and its limit."""
+
+    demand: float
+    limit: int
+    at: float  # when it published them, on the reader's clock
+
+
+@dataclass(frozen=True, slots=True)
 class Peers:
     """The other replicas of the same upstream as they last published themselves: how many, their
-    demand (in flight plus queued, summed) and their limits (summed), and the age of the oldest entry."""
+    demand (in flight plus queued, summed), the limits they use (summed), and the oldest entry's age.
+
+    A limit counts only up to its replica's demand: an idle replica's limit is no share of anything,
+    and counting it would hand its slots to the busy ones twice over."""
 
     replicas: int
     demand: float
     limit: int
     age_s: float
+
+    @classmethod
+    def of(cls, entries: list[Entry], now: float) -> "Peers | None":
+        if not entries:
+            return None
+        used = sum(min(e.limit, max(round(e.demand), 0)) for e in entries)
+        return cls(len(entries), sum(e.demand for e in entries), used, max(now - min(e.at for e in entries), 0.0))
 
 
 def fair_share(limit: int, demand: float, peers: Peers | None, stale_s: float) -> int | None:

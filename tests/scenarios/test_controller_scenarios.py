@@ -64,3 +64,12 @@ def test_the_checks_can_fail() -> None:
     [result] = run(scenario, AimdConfig(knee_fraction=0.5, knee_margin=0.0))
     assert not result.ok
     assert any("goodput" in failure for failure in result.failures)
+
+
+def test_without_shared_state_four_replicas_keep_an_unfair_split() -> None:
+    """What the backend's own metrics cannot tell a replica: how much the others hold queued. The same
+    four replicas with nothing shared keep whatever split the race at start-up gave them, and the
+    ``fair`` check says so: the shared demand is what the replica scenarios pass on."""
+    scenario = replace(by_name("replicas_4"), shared=False)
+    [result] = run(scenario)
+    assert any("fair share" in failure for failure in result.failures)
