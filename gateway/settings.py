@@ -49,6 +49,13 @@ class Settings(BaseSettings, ControllerKnobs):
     # --- listening -------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in containers).")
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
+    workers: int = Field(
+        1, ge=1, le=256,
+        description="Worker processes serving the one port (SO_REUSEPORT: the kernel spreads connections over "
+        "them), so one host uses its cores: one process streams at most ~14,000 chunks/s (bench/workers.py). Each "
+        "is an independent replica with its own controllers; per-worker limit_max x workers must stay within "
+        "what the backend admits (docs/deploy.md).",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Least severe log record written; 'warning' drops the access log and limit changes."
     )
