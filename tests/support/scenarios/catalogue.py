@@ -193,6 +193,7 @@ class PhaseResult:
     failures: list[str] = field(default_factory=list)
     ttft_p99: float | None = None  # net of the gateway's queue, over the same interval as goodput
     absorbed_s: float | None = None  # for ``absorb``: how long the shares took to settle
+    clients: tuple[int, ...] = ()  # per gateway, in this phase
 
     @property
     def ok(self) -> bool:
@@ -274,7 +275,7 @@ def _judge(scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfi
                    for g in range(len(harness.gateways))]
     # The summed limit of the gateways that have clients: an idle one's limit holds nothing back.
     demands = phase.conditions.clients
-    active = [ticks for g, ticks in enumerate(per_gateway) if demands[g] > 0]
+    active = [ticks for g, ticks in enumerate(per_gateway) if demands[g] > 0] or per_gateway
     total = [(ticks[0][0], sum(limit for _, limit in ticks)) for ticks in zip(*active)]
     converged = _convergence(total, start, band) if the_oracle is not None else None
     settled_from = start + (converged if converged is not None else CONVERGE_S)
@@ -289,7 +290,7 @@ def _judge(scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfi
     result = PhaseResult(
         scenario.name, phase.name, start, end, phase.checks, the_oracle, band, per_gateway, settled, converged,
         good, ratio, tpot, harness.trace.preemptions_between(judged_from, end),
-        ttft_p99=ttft_p99(finished, judged_from, end),
+        ttft_p99=ttft_p99(finished, judged_from, end), clients=demands,
     )
     failures = result.failures
     for check in phase.checks:
