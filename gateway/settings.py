@@ -187,6 +187,17 @@ class Settings(BaseSettings, ControllerKnobs):
         "--parallel is read from /props). The hard cap on the limit never exceeds it; vLLM does not publish it, "
         "so set it for vLLM. With R gateway replicas in front of one server, keep limit_max x R within it.",
     )
+    share_redis_url: str | None = Field(
+        None,
+        description="Redis URL (redis://host:6379/0) through which the gateway replicas in front of the same backends "
+        "share each upstream's demand and limit, so each takes its demand-weighted share (docs/deploy.md). Without "
+        "it, or while Redis is unreachable, each replica judges by the backend's metrics alone. Needs the [share] extra.",
+    )
+    share_ttl_s: float = Field(
+        10.0, gt=0,
+        description="A replica's shared entry older than this is ignored (and removed): a replica that stopped "
+        "publishing, a pod gone, leaves the others' shares within this time.",
+    )
     kv_capacity_tokens: int | None = Field(
         None, ge=1,
         description="KV-cache capacity of each upstream in tokens (e.g. from `sweetspot plan --json`), used as a "
