@@ -41,7 +41,7 @@ from gateway.control.knee import CLIMB_STEP, clearly_below, knee_target, paid, p
 from gateway.control.meter import Readings
 from gateway.control.observation import Observation
 from gateway.control.reprobe import Probe, Reprobe
-from gateway.control.share import fair_share
+from gateway.control.share import cap_share, fair_share
 from gateway.control.signals import CongestionDetector, Signal
 from gateway.control.tpot import TpotPredictor
 
@@ -90,12 +90,15 @@ class Aimd:
         self._tpot.calibrate(obs, bottleneck)
         signals = self._detector.update(obs)
         self._readings.observe(obs, self._limit, bottleneck)
-        hi = self.config.limit_max if obs.hard_cap is None else min(self.config.limit_max, obs.hard_cap)
+        hi = self.config.limit_max if obs.hard_cap is None else min(
+            self.config.limit_max,
+            cap_share(obs.hard_cap, obs.inflight + obs.queue_depth, obs.peers, self.config.metrics_stale_s))
         lo = min(self.config.limit_min, hi)
 
         if self._limit > hi:
             self._probe = None
-            reason = Reason.HARD_CAP if obs.hard_cap is not None and hi == obs.hard_cap else Reason.AT_MAX
+            capped = obs.hard_cap is not None and (hi == obs.hard_cap or hi < self.config.limit_max)  # or its share
+            reason = Reason.HARD_CAP if capped else Reason.AT_MAX
             return self._change(obs, hi, reason)
         if self._limit < lo:
             return self._change(obs, lo, Reason.AT_MIN)

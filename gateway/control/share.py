@@ -67,3 +67,16 @@ def fair_share(limit: int, demand: float, peers: Peers | None, stale_s: float) -
         return None
     return max(1, round(share))
 
+
+
+def cap_share(hard_cap: int, demand: float, peers: Peers | None, stale_s: float) -> int:
+    """This replica's part of the backend's hard cap (its slots, ``--max-num-seqs``): the cap is the
+    backend's, not each replica's, so with peers known each holds its demand-weighted part of it,
+    rounded down, so the parts never add up to more than the backend admits. A replica with no demand
+    keeps one slot to notice demand with."""
+    if peers is None or peers.replicas <= 0 or peers.age_s > stale_s:
+        return hard_cap
+    total = demand + peers.demand
+    if total <= 0:
+        return hard_cap
+    return max(1, int(hard_cap * demand / total))

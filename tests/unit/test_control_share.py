@@ -84,3 +84,21 @@ def test_a_share_move_waits_a_window_before_the_next() -> None:
     second = aimd.step(_obs(4.0, first.limit, clients=40, kv=0.5, running=30, peers=Peers(1, 40, 40, 0.5)))
     assert first.reason is Reason.FAIR_SHARE
     assert second.reason is not Reason.FAIR_SHARE
+
+
+def test_replicas_split_the_backends_hard_cap_by_demand_never_above_it() -> None:
+    from gateway.control.share import cap_share
+
+    assert cap_share(6, 8, None, stale_s=10) == 6  # alone: the whole cap
+    parts = [cap_share(6, 8, Peers(2, 16, 4, 1.0), stale_s=10) for _ in range(3)]
+    assert parts == [2, 2, 2]
+    assert cap_share(6, 6, Peers(1, 2, 2, 1.0), stale_s=10) + cap_share(6, 2, Peers(1, 6, 4, 1.0), stale_s=10) <= 6
+    assert cap_share(6, 0, Peers(1, 20, 6, 1.0), stale_s=10) == 1  # idle: one slot to notice demand with
+    assert cap_share(6, 8, Peers(2, 16, 4, 11.0), stale_s=10) == 6  # stale peers: on its own
+
+
+def test_a_replica_over_its_part_of_the_hard_cap_comes_down_to_it() -> None:
+    aimd = Aimd(CONFIG, initial_limit=6)
+    obs = replace(_obs(2.0, 6, clients=8, kv=0.5, running=6, peers=Peers(2, 16, 12, 0.5)), hard_cap=6)
+    decision = aimd.step(obs)
+    assert decision.limit == 2 and decision.reason is Reason.HARD_CAP
