@@ -66,6 +66,14 @@ def test_the_checks_can_fail() -> None:
     assert any("goodput" in failure for failure in result.failures)
 
 
+def test_whole_answers_counted_when_they_end_fail_the_checks() -> None:
+    """What the gateway did before it spread whole answers over their lives: a reading held whichever
+    answers happened to end in it, and the limit fell far under the knee. The scenarios must catch that."""
+    [result] = run(by_name("whole_without_counter"), count_at_end=True)
+    assert not result.ok
+    assert result.goodput_ratio is not None and result.goodput_ratio < 0.8
+
+
 def test_without_shared_state_four_replicas_keep_an_unfair_split() -> None:
     """What the backend's own metrics cannot tell a replica: how much the others hold queued. The same
     four replicas with nothing shared keep whatever split the race at start-up gave them, and the
