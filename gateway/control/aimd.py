@@ -304,10 +304,14 @@ class Aimd:
         return self._begin(obs, target, Phase.CLIMB if climbing else Phase.CRUISE, Reason.PROBE)
 
     def _yield(self, obs: Observation, lo: int, *, room_to_grow: bool) -> Decision | None:
-        """Give a probe step back to the others on a full, shared backend (see ``capacity.over_share``)."""
+        """Give a probe step back to the others: over its demand-weighted share when the other replicas'
+        numbers are known (``share.fair_share``), else on a full backend that runs clearly more of ours
+        than of everyone else's (``capacity.over_share``)."""
         step = probe_step(self.config, self._limit)
         share = fair_share(self._limit, obs.inflight + obs.queue_depth, obs.peers, self.config.metrics_stale_s)
-        over = share < self._limit if share is not None else over_share(obs, self.config, room_to_grow=room_to_grow)
+        known = obs.peers is not None and obs.peers.age_s <= self.config.metrics_stale_s
+        over = share is not None and share < self._limit if known else over_share(
+            obs, self.config, room_to_grow=room_to_grow)
         if not over or self._limit - step < lo:
             return None
         if share is not None:
