@@ -96,3 +96,13 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_worker_that_dies_takes_the_others_down_and_the_parent_fails(processes) -> None:
+    """A host running on fewer workers than it was given, unnoticed, is worse than a restart."""
+    sim = start_sim(processes)
+    proc = start_gateway(processes, [sim.url], "--workers", "2", env={"SWEETSPOT_DRAIN_TIMEOUT_S": "5"})
+    first, second = sorted(children(proc.popen.pid))
+    os.kill(first, signal.SIGKILL)
+    assert proc.popen.wait(30) == 1
+    assert wait_for(lambda: not _alive(second), 10)
