@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # Where built tools are cached between runs (outside the work tree, keyed by version inside).
 export SWEETSPOT_CACHE_DIR ?= $(HOME)/.cache/sweetspot
 
-.PHONY: demo test venv llama-server vllm prometheus bench lock clean
+.PHONY: demo test venv llama-server vllm prometheus redis bench lock clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "sweetspot needs Python 3.11+, found " + sys.version' 
@@ -33,7 +33,11 @@ vllm:
 prometheus:
 	bash scripts/install-prometheus.sh
 
-test: $(STAMP) llama-server vllm prometheus
+# Install redis-server (Debian package) when it is missing; the replicas' shared-state tests need it.
+redis:
+	bash scripts/install-redis.sh
+
+test: $(STAMP) llama-server vllm prometheus redis
 	$(PY) -m mypy
 	$(PY) -m pytest
 

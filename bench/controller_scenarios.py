@@ -42,9 +42,12 @@ def row(result: PhaseResult) -> tuple[str, ...]:
     gateways = len(result.limits)
     settled = "-" if result.settled is None else f"{result.settled:g}"
     if gateways > 1 and result.limits[0]:
-        medians = [sorted(limit for _, limit in ticks)[len(ticks) // 2] for ticks in result.limits]
-        settled = " + ".join(str(m) for m in medians)
+        medians = [sorted(limit for _, limit in ticks)[len(ticks) // 2] for g, ticks in enumerate(result.limits)
+                   if not result.clients or result.clients[g] > 0]  # an idle gateway's limit holds nothing
+        settled = " + ".join(str(m) for m in medians) + f" = {sum(medians)}"
     converged = "-" if result.convergence_s is None else f"{result.convergence_s:.0f} s"
+    if result.absorbed_s is not None:
+        converged += f"; shares absorbed after {result.absorbed_s:.0f} s"
     ratio = "-" if result.goodput_ratio is None else f"{result.goodput_ratio:.3f}"
     tpot = "-" if result.tpot_p99 is None else f"{result.tpot_p99 * 1000:.0f} ms"
     verdict = "pass (" + ", ".join(result.checks) + ")" if result.ok else "FAIL: " + "; ".join(result.failures)

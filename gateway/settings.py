@@ -49,6 +49,13 @@ class Settings(BaseSettings, ControllerKnobs):
     # --- listening -------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in containers).")
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
+    workers: int = Field(
+        1, ge=1, le=256,
+        description="Worker processes serving the one port (SO_REUSEPORT: the kernel spreads connections over "
+        "them), so one host uses its cores: one process streams at most ~14,000 chunks/s (bench/workers.py). Each "
+        "is an independent replica with its own controllers; per-worker limit_max x workers must stay within "
+        "what the backend admits (docs/deploy.md).",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Least severe log record written; 'warning' drops the access log and limit changes."
     )
@@ -179,6 +186,17 @@ class Settings(BaseSettings, ControllerKnobs):
         description="The backend's own cap on concurrently running requests (vLLM --max-num-seqs; llama-server's "
         "--parallel is read from /props). The hard cap on the limit never exceeds it; vLLM does not publish it, "
         "so set it for vLLM. With R gateway replicas in front of one server, keep limit_max x R within it.",
+    )
+    share_redis_url: str | None = Field(
+        None,
+        description="Redis URL (redis://host:6379/0) through which the gateway replicas in front of the same backends "
+        "share each upstream's demand and limit, so each takes its demand-weighted share (docs/deploy.md). Without "
+        "it, or while Redis is unreachable, each replica judges by the backend's metrics alone. Needs the [share] extra.",
+    )
+    share_ttl_s: float = Field(
+        10.0, gt=0,
+        description="A replica's shared entry older than this is ignored (and removed): a replica that stopped "
+        "publishing, a pod gone, leaves the others' shares within this time.",
     )
     kv_capacity_tokens: int | None = Field(
         None, ge=1,

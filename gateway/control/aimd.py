@@ -41,6 +41,7 @@ from gateway.control.knee import CLIMB_STEP, clearly_below, knee_target, paid, p
 from gateway.control.meter import Readings
 from gateway.control.observation import Observation
 from gateway.control.reprobe import Probe, Reprobe
+from gateway.control.share import cap_share, fair_share
 from gateway.control.signals import CongestionDetector, Signal
 from gateway.control.tpot import TpotPredictor
 
@@ -72,6 +73,7 @@ class Aimd:
         self._tpot = TpotPredictor(config.min_samples)
         self._detail: dict[str, Any] = {}
         self._blocked_by: Reason | None = None
+        self._shared_at: float | None = None
 
     @property
     def limit(self) -> int:
@@ -88,12 +90,15 @@ class Aimd:
         self._tpot.calibrate(obs, bottleneck)
         signals = self._detector.update(obs)
         self._readings.observe(obs, self._limit, bottleneck)
-        hi = self.config.limit_max if obs.hard_cap is None else min(self.config.limit_max, obs.hard_cap)
+        hi = self.config.limit_max if obs.hard_cap is None else min(
+            self.config.limit_max,
+            cap_share(obs.hard_cap, obs.inflight + obs.queue_depth, obs.peers, self.config.metrics_stale_s))
         lo = min(self.config.limit_min, hi)
 
         if self._limit > hi:
             self._probe = None
-            reason = Reason.HARD_CAP if obs.hard_cap is not None and hi == obs.hard_cap else Reason.AT_MAX
+            capped = obs.hard_cap is not None and (hi == obs.hard_cap or hi < self.config.limit_max)  # or its share
+            reason = Reason.HARD_CAP if capped else Reason.AT_MAX
             return self._change(obs, hi, reason)
         if self._limit < lo:
             return self._change(obs, lo, Reason.AT_MIN)
@@ -103,6 +108,9 @@ class Aimd:
             return self._hold(obs, Reason.NO_DEMAND)
         if signals:
             return self._congested(obs, signals, lo, bottleneck)
+        shared = self._share(obs, lo, hi, bottleneck)
+        if shared is not None:
+            return shared
         if not bottleneck:
             if self._probe is not None and self._probe.kind == Phase.CRUISE:
                 self._probe.interrupted = True
@@ -296,12 +304,54 @@ class Aimd:
         return self._begin(obs, target, Phase.CLIMB if climbing else Phase.CRUISE, Reason.PROBE)
 
     def _yield(self, obs: Observation, lo: int, *, room_to_grow: bool) -> Decision | None:
-        """Give a probe step back to the others on a full, shared backend (see ``capacity.over_share``)."""
+        """Give a probe step back to the others: over its demand-weighted share when the other replicas'
+        numbers are known (``share.fair_share``), else on a full backend that runs clearly more of ours
+        than of everyone else's (``capacity.over_share``)."""
         step = probe_step(self.config, self._limit)
-        if not over_share(obs, self.config, room_to_grow=room_to_grow) or self._limit - step < lo:
+        share = fair_share(self._limit, obs.inflight + obs.queue_depth, obs.peers, self.config.metrics_stale_s)
+        known = obs.peers is not None and obs.peers.age_s <= self.config.metrics_stale_s
+        over = share is not None and share < self._limit if known else over_share(
+            obs, self.config, room_to_grow=room_to_grow)
+        if not over or self._limit - step < lo:
             return None
+        if share is not None:
+            step = min(step, self._limit - share)
         self._reprobe.after(self.config.reprobe_s)
         return self._change(obs, self._limit - step, Reason.FAIR_SHARE)
+
+    def _share(self, obs: Observation, lo: int, hi: int, bottleneck: bool) -> Decision | None:
+        """Move to this replica's demand-weighted share of all replicas' limits (``share.fair_share``),
+        at most once a window. Up at once, and out of a step down that was exploring below it: a share
+        is room the others leave, not a point on this replica's curve. Down only when the backend is
+        full, where the slots given are the ones the others take (with room left, giving slots away
+        would only follow another replica's exploratory step down; over its share, a replica with room
+        yields a step at its next re-probe instead, see ``_yield``), or when this replica does not use
+        its limit (slots it holds unused are slots another replica's clients queue for)."""
+        if self._shared_at is not None and obs.now - self._shared_at < self.config.window_s:
+            return None
+        target = fair_share(self._limit, obs.inflight + obs.queue_depth, obs.peers, self.config.metrics_stale_s)
+        if target is None:
+            return None
+        # Not held under this replica's ceiling: a step up to a share moves slots between replicas
+        # and leaves the backend's total where it was; the ceiling is about the total.
+        target = min(max(target, lo), hi)
+        probe = self._probe
+        room = kv_room(obs, self.config)
+        if target > self._limit:
+            if not bottleneck:
+                return None  # idle never moves the limit up
+            if probe is not None and probe.direction > 0:
+                return None  # a step up under way: judged first
+            if room is not None:
+                target = min(target, self._limit + max(room, 0))  # what the others left, not more
+        elif bottleneck and (probe is not None or (room is not None and room > 0)):
+            return None
+        if target == self._limit:
+            return None
+        self._probe = None
+        self._shared_at = obs.now
+        self._detail["fair_share"] = target
+        return self._change(obs, target, Reason.FAIR_SHARE)
 
     def _judge(self, obs: Observation, rate: float, lo: int, hi: int) -> Decision:
         """A step was measured (the curve already holds the reading): keep going, or settle."""

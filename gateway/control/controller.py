@@ -24,6 +24,7 @@ from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.observation import (
     NO_HEADROOM, Headroom, Latency, LimiterState, Observation, TokenCount, observe,
 )
+from gateway.control.share import Peers
 from gateway.control.window import SlidingWindow, WindowStats
 
 
@@ -65,11 +66,13 @@ class UpstreamControl:
         *,
         hard_cap: int | None = None,
         tokens_total: float | None = None,
+        peers: Peers | None = None,
     ) -> Decision:
         """One control step. A cumulative count of this upstream's output tokens lets throughput be read
         over exactly the interval at one limit: the gateway's own, or its share of the backend's
         (``gateway.control.accounting`` chooses, from the window and ``headroom``), or ``tokens_total``
-        when given. The window's statistics are kept in ``last_stats`` for the caller's gauges."""
+        when given. The window's statistics are kept in ``last_stats`` for the caller's gauges. ``peers``:
+        the other replicas of this upstream, when they share their numbers (``gateway.control.share``)."""
         if tokens_total is None:
             count = self.accounting.count(now, window, headroom, limiter.inflight)
         else:
@@ -77,7 +80,8 @@ class UpstreamControl:
         stats = window.stats(now)
         fresh = [s for s in window.samples(now) if s.admitted >= self._evidence_since]
         observation = observe(
-            now, stats, limiter, headroom, hard_cap=hard_cap, latency=Latency.of(fresh), count=count
+            now, stats, limiter, headroom, hard_cap=hard_cap, latency=Latency.of(fresh), count=count,
+            peers=peers,
         )
         decision = self.algorithm.step(observation)
         if decision.action is Action.DECREASE:

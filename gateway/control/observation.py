@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gateway.control.share import Peers
 from gateway.control.window import Outcome, RequestSample, Span, WindowStats, percentile
 
 
@@ -153,6 +154,8 @@ class Observation:
     tokens_source: str = "gateway"
     token_spans: tuple[Span, ...] = field(default=(), repr=False)
     tokens_pending_since: float | None = None
+    # the other replicas in front of the same backend, from shared state (None: none known)
+    peers: Peers | None = None
 
     @property
     def failures(self) -> int:
@@ -167,8 +170,11 @@ class Observation:
     def as_dict(self) -> dict[str, Any]:
         """The flat numbers (no per-GPU detail), rounded for logs and the JSON state view."""
         out: dict[str, Any] = {}
+        if self.peers is not None:
+            out["peers"] = {"replicas": self.peers.replicas, "demand": round(self.peers.demand, 2),
+                            "limit": self.peers.limit, "age_s": round(self.peers.age_s, 2)}
         for name, value in asdict(self).items():
-            if name in ("gpus", "token_spans"):
+            if name in ("gpus", "token_spans", "peers"):
                 continue
             out[name] = round(value, 4) if isinstance(value, float) else value
         return out
@@ -190,6 +196,7 @@ def observe(
     tokens_total: float | None = None,
     latency: Latency | None = None,
     count: TokenCount | None = None,
+    peers: Peers | None = None,
 ) -> Observation:
     """Fold one tick's inputs into an :class:`Observation`. Pure: ``now`` is the caller's clock.
     ``latency`` defaults to the whole window's percentiles; ``count``, when given, is the token count
@@ -233,4 +240,5 @@ def observe(
         tokens_source="gateway" if count is None else count.source,
         token_spans=() if count is None else count.spans,
         tokens_pending_since=None if count is None else count.pending_since,
+        peers=peers,
     )

@@ -75,6 +75,7 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await control_loop.leave_board()
             control_loop.close()
             await gateway.client.close()
 

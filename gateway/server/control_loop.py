@@ -24,7 +24,9 @@ from gateway.control.algorithm import Decision
 from gateway.control.config import AimdConfig
 from gateway.control.observation import GpuHeadroom, Headroom, LimiterState
 from gateway.control.controller import UpstreamControl
+from gateway.control.share import Peers
 from gateway.server.parts import Gateway
+from gateway.server.share_board import ShareBoard
 from gateway.server.start_points import load_start_points
 from gateway.telemetry.backends import BackendScraper, BackendSnapshot
 from gateway.telemetry.nvml import GpuSource, NvmlSource
@@ -47,6 +49,7 @@ class ControlLoop:
     controls: dict[str, UpstreamControl] = field(default_factory=dict)
     gpus: list[GpuHeadroom] = field(default_factory=list)
     gpus_at: float | None = None
+    board: ShareBoard | None = None  # the replicas' shared state, when configured
 
     @classmethod
     def build(cls, gateway: Gateway, gpu_source: GpuSource | None = None) -> "ControlLoop":
@@ -73,6 +76,8 @@ class ControlLoop:
             if settings.control_enabled:
                 control = UpstreamControl(upstream.name, config, initial_limit=initial, start=start)
                 loop.controls[upstream.name] = control
+        if settings.share_redis_url and loop.controls:
+            loop.board = ShareBoard(settings.share_redis_url, settings.share_ttl_s)
         return loop
 
     def start(self) -> None:
@@ -127,15 +132,22 @@ class ControlLoop:
                 self.gateway.metrics.gpu_utilization_ratio.labels(label).set(gpu.utilization)
 
     async def control(self) -> None:
+        peers: dict[str, Peers | None] = {}
+        if self.board is not None:
+            for name in self.controls:
+                upstream = self.gateway.pool.by_name[name]
+                demand = upstream.limiter.inflight + self.gateway.queue.depth_for(name)
+                peers[name] = await self.board.exchange(upstream.url, demand, upstream.limiter.limit)
         # A controller metering by the backend's token counter reads it fresh: its readings end at a scrape.
         fresh = [name for name, control in self.controls.items() if control.accounting.counting_backend]
         if fresh:
             await self.scrape(fresh)
         now = self.gateway.clock()
         for name, control in self.controls.items():
-            self.tick_one(self.gateway.pool.by_name[name], control, now)
+            self.tick_one(self.gateway.pool.by_name[name], control, now, peers=peers.get(name))
 
-    def tick_one(self, upstream: Upstream, control: UpstreamControl, now: float) -> Decision:
+    def tick_one(self, upstream: Upstream, control: UpstreamControl, now: float, *,
+                 peers: Peers | None = None) -> Decision:
         gateway = self.gateway
         limiter = upstream.limiter
         scraper = self.scrapers.get(upstream.name)
@@ -143,7 +155,7 @@ class ControlLoop:
         state = LimiterState(limit=limiter.limit, inflight=limiter.inflight, peak_inflight=limiter.take_peak(),
                              queue_depth=gateway.queue.depth_for(upstream.name))
         cap = hard_cap(snapshot, upstream, gateway.settings.kv_capacity_tokens, gateway.settings.backend_max_seqs, now)
-        decision = control.tick(now, upstream.window, state, self.headroom(snapshot), hard_cap=cap)
+        decision = control.tick(now, upstream.window, state, self.headroom(snapshot), hard_cap=cap, peers=peers)
         if decision.limit != limiter.limit:
             limiter.set_limit(decision.limit)
             gateway.queue.dispatch()
@@ -170,6 +182,12 @@ class ControlLoop:
             generation_tokens_live=snapshot.generation_tokens_live,
             backend_at=snapshot.taken_at,
         )
+
+    async def leave_board(self) -> None:
+        """On shutdown: this replica's shared entries go, so the others take its share at once."""
+        if self.board is not None:
+            await self.board.leave()
+            await self.board.close()
 
     def close(self) -> None:
         self.gpu_source.close()

@@ -8,6 +8,9 @@ demo start servers with ``--port 0`` and read the URL from that line.
 Every server here runs on :class:`NumericConnectLoop` (uvloop, without a resolver thread hop for
 numeric addresses) and freezes its start-up heap out of the garbage collector once it is ready.
 
+With ``workers`` > 1 (``sweetspot serve --workers N``) the parent forks that many workers, each such a
+server on the same port (:mod:`gateway.server.workers`).
+
 A server given a ``drain`` coroutine drains on the first SIGTERM or SIGINT (:class:`DrainingServer`): it
 keeps serving while ``drain`` runs (the gateway answers new requests 503 and lets running ones finish),
 then shuts down and exits 0. A second signal stops it at once.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import socket
 import sys
 from collections.abc import Awaitable, Callable
@@ -29,19 +33,45 @@ import uvicorn
 import uvloop
 from starlette.types import ASGIApp
 
-from gateway.settings import load_settings
+from gateway.settings import Settings, load_settings
 
 log = logging.getLogger("sweetspot.serving")
 
 
 def run(config: Path | None = None, **flags: Any) -> None:
-    """Build the gateway from settings (flags, env, TOML) and serve it until SIGINT/SIGTERM."""
+    """Build the gateway from settings (flags, env, TOML) and serve it until SIGINT/SIGTERM; with
+    ``workers`` > 1, in that many worker processes on one port (:mod:`gateway.server.workers`)."""
+    settings = load_settings(config, **flags)
+    if settings.workers == 1:
+        _serve_gateway(settings)
+        return
+    from gateway.server.workers import READY, reserve_port, run_workers
+
+    reserved, port = reserve_port(settings.host, settings.port)
+    settings = settings.model_copy(update={"port": port})
+
+    def worker(index: int, ready_fd: int) -> None:
+        reserved.close()
+        sock = listen_socket(settings.host, port, reuse_port=True)
+        _serve_gateway(settings, sock=sock, ready=lambda: os.write(ready_fd, READY))
+
+    def announce() -> None:
+        print(f"upstreams: {', '.join(settings.upstreams)}; workers: {settings.workers}", flush=True)
+        print(f"sweetspot gateway listening on http://{_shown(settings.host)}:{port}", flush=True)
+
+    status = run_workers(settings.workers, worker, announce=announce)
+    reserved.close()
+    if status:
+        raise SystemExit(status)
+
+
+def _serve_gateway(settings: Settings, *, sock: socket.socket | None = None,
+                   ready: Callable[[], object] | None = None) -> None:
     from gateway.server.app import create_server_app
     from gateway.server.logs import configure_logging
     from gateway.server.drain import drain
     from gateway.server.front_door import FrontDoorLimits, guarded_protocol
 
-    settings = load_settings(config, **flags)
     configure_logging(settings.log_level, settings.log_format, access_log=settings.access_log)
     app = create_server_app(settings)
     rejections = app.gateway.metrics.rejections
@@ -51,8 +81,24 @@ def run(config: Path | None = None, **flags: Any) -> None:
     serve_app(
         app, name="sweetspot gateway", host=settings.host, port=settings.port, log_level=settings.log_level,
         banner=lambda: f"upstreams: {', '.join(settings.upstreams)}", http=guarded_protocol(limits),
-        drain=lambda: drain(app.gateway, settings.drain_timeout_s),
+        drain=lambda: drain(app.gateway, settings.drain_timeout_s), sock=sock, ready=ready,
     )
+
+
+def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket on ``host:port``; ``reuse_port`` lets several processes listen on one port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(4096)
+    return sock
+
+
+def _shown(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 class DrainingServer(uvicorn.Server):
@@ -91,16 +137,15 @@ class DrainingServer(uvicorn.Server):
 
 def serve_app(app: ASGIApp, *, name: str, host: str, port: int, log_level: str = "info",
               banner: Callable[[], str] | None = None, http: type[asyncio.Protocol] | str = "httptools",
-              drain: Callable[[], Awaitable[None]] | None = None) -> None:
+              drain: Callable[[], Awaitable[None]] | None = None, sock: socket.socket | None = None,
+              ready: Callable[[], object] | None = None) -> None:
     """Serve until SIGINT/SIGTERM, printing ``{name} listening on http://HOST:PORT`` once ready. ``http`` is
-    uvicorn's protocol (a class, for the gateway's front door); ``drain`` runs on the first signal."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(4096)
+    uvicorn's protocol (a class, for the gateway's front door); ``drain`` runs on the first signal. A worker
+    passes its own listening ``sock`` and a ``ready`` hook instead: its parent announces the port."""
+    if sock is None:
+        sock = listen_socket(host, port)
     bound_port = sock.getsockname()[1]
-    shown_host = f"[{host}]" if family == socket.AF_INET6 else host
+    shown_host = _shown(host)
     config = uvicorn.Config(app, http=http, loop="uvloop", lifespan="on", log_level=log_level,
                             access_log=False, timeout_keep_alive=30, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config) if drain is None else DrainingServer(config, drain)
@@ -111,9 +156,12 @@ def serve_app(app: ASGIApp, *, name: str, host: str, port: int, log_level: str =
             await asyncio.sleep(0.01)
         if server.started:
             settle_garbage_collector()
-            if banner is not None:
-                print(banner(), flush=True)
-            print(f"{name} listening on http://{shown_host}:{bound_port}", flush=True)
+            if ready is not None:
+                ready()
+            else:
+                if banner is not None:
+                    print(banner(), flush=True)
+                print(f"{name} listening on http://{shown_host}:{bound_port}", flush=True)
         await task
 
     with asyncio.Runner(loop_factory=NumericConnectLoop) as runner:

@@ -72,3 +72,12 @@ def test_whole_answers_counted_when_they_end_fail_the_checks() -> None:
     [result] = run(by_name("whole_without_counter"), count_at_end=True)
     assert not result.ok
     assert result.goodput_ratio is not None and result.goodput_ratio < 0.8
+
+
+def test_without_shared_state_four_replicas_keep_an_unfair_split() -> None:
+    """What the backend's own metrics cannot tell a replica: how much the others hold queued. The same
+    four replicas with nothing shared keep whatever split the race at start-up gave them, and the
+    ``fair`` check says so: the shared demand is what the replica scenarios pass on."""
+    scenario = replace(by_name("replicas_4"), shared=False)
+    [result] = run(scenario)
+    assert any("fair share" in failure for failure in result.failures)

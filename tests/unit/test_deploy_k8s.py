@@ -318,9 +318,13 @@ def test_the_gateways_together_stay_within_vllms_max_num_seqs(monkeypatch: pytes
     deployment = one("Deployment", "sweetspot")
     surge = deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"]
     assert isinstance(surge, int), "a percentage surge cannot be checked; give a number"
-    pods = deployment["spec"]["replicas"] + surge
+    autoscaled = [hpa for hpa in by_kind("HorizontalPodAutoscaler")
+                  if hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]]
+    most = max([deployment["spec"]["replicas"], *(hpa["spec"]["maxReplicas"] for hpa in autoscaled)])
+    pods = most + surge
     assert settings.limit_max * pods <= max_num_seqs, (
-        f"{pods} gateway pods x limit_max {settings.limit_max} > --max-num-seqs {max_num_seqs}")
+        f"{pods} gateway pods (at most {most} replicas + {surge} surge) x limit_max {settings.limit_max} "
+        f"> --max-num-seqs {max_num_seqs}")
     assert settings.limit_min * pods <= settings.limit_max * pods <= max_num_seqs
 
 
@@ -403,3 +407,26 @@ def test_the_grace_period_outlasts_the_drain() -> None:
     assert pre_stop[0] == "sleep"
     drain_s = float(gateway_env()["SWEETSPOT_DRAIN_TIMEOUT_S"])
     assert pod["terminationGracePeriodSeconds"] >= float(pre_stop[1]) + drain_s + 10
+
+
+def test_the_autoscaler_scales_the_gateways_on_their_queue_wait() -> None:
+    """The HPA targets the gateway Deployment, starts where the Deployment does, and its custom metric is
+    the Prometheus Adapter's name for a histogram the gateway exports (the rule in autoscaling.yaml)."""
+    from gateway.telemetry.metrics import GatewayMetrics
+
+    (hpa,) = by_kind("HorizontalPodAutoscaler")
+    deployment = one("Deployment", "sweetspot")
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["apiVersion"], target["kind"], target["name"]) == ("apps/v1", "Deployment", "sweetspot")
+    assert hpa["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert hpa["spec"]["minReplicas"] == deployment["spec"]["replicas"] < hpa["spec"]["maxReplicas"]
+    (pods_metric,) = [m["pods"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
+    name = pods_metric["metric"]["name"]
+    assert name.endswith("_mean")
+    histogram = name.removesuffix("_mean")
+    exported = {family.name for family in GatewayMetrics().registry.collect()}
+    assert histogram in exported, f"{histogram} is not a metric the gateway exports"
+    rule = (K8S / "autoscaling.yaml").read_text()
+    assert f'as: "{name}"' in rule and f"{histogram}_sum" in rule and f"{histogram}_count" in rule
+    # the pods scaled down drain first: the scale-down window outlasts the drain
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300

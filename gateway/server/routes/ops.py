@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -94,4 +95,5 @@ async def state(request: Request) -> Response:
         "drain_rate_per_s": round(gateway.queue.drain_rate(), 3),
         "retry_after_s": gateway.queue.retry_after(),
     }
-    return JSONResponse({"queue": queue, "upstreams": upstreams})
+    # Which process answered: with `serve --workers N` each worker is a replica with its own state.
+    return JSONResponse({"queue": queue, "upstreams": upstreams, "process": os.getpid()})

@@ -16,7 +16,15 @@ Checks (the issue's acceptance criteria):
 - ``no_drift``: the limit never rises during the phase (idle or light load: nothing to learn).
 - ``below_onset``: after convergence the limit stays below the smallest static limit that preempted.
 - ``backs_off``: the limit ends the phase at most half of where it started (an error storm).
-- ``fair``: every gateway's median limit is within 25% of the gateways' mean (a fair share).
+- ``fair``: every gateway's median limit is within 25% of its demand-weighted fair share (the gateways'
+  summed medians, split in proportion to their clients; with even demand, their mean).
+- ``sum_settles``: the median of the gateways' summed limit, from ``CONVERGE_S`` after the phase start, is at
+  least the band's floor and below the oracle's preemption onset. Replicas that each judge slots by their
+  own throughput push their sum up to the backend's headroom signals, above one gateway's knee (see
+  "Replicas" in ``docs/controller.md``), so the sum is held to what the backend runs without preempting.
+- ``absorb``: within ``ABSORB_S`` of the phase start (a replica joined or left), every gateway's limit is
+  within 25% of its demand-weighted share of the summed limit, and stays so in ``IN_BAND_SHARE`` of the
+  remaining ticks.
 - ``quiet_queue``: the backend's waiting gauge, scraped as a scraper reads it, was non-zero in at least
   ``NOISY_QUEUE_SHARE`` of the scrapes (else the phase tests nothing), and no decrease said
   ``backend_queue``: requests in transit to the next engine step are not a queue.
@@ -48,6 +56,7 @@ BAND = 0.2
 IN_BAND_SHARE = 0.8
 GOODPUT_RATIO = 0.95
 FAIR_SHARE = 0.25
+ABSORB_S = 60.0
 NOISY_QUEUE_SHARE = 0.25
 SWEEP_LEVELS = (16, 24, 32, 48)  # the demo's
 SWEEP_FRACTION = 0.9  # `sweetspot sweep`'s default
@@ -63,6 +72,7 @@ WHOLE = replace(CHAT, streamed=0.0)  # nobody streams: tokens show only when a r
 MIXED = replace(CHAT, streamed=0.5)
 OVERLOAD = (80,)
 FULL = ("converge", "goodput", "tpot")
+REPLICAS = ("fair", "sum_settles", "goodput", "tpot")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +81,8 @@ class Phase:
     duration_s: float
     conditions: Conditions
     checks: tuple[str, ...] = FULL
+    restart: tuple[int, ...] = ()  # gateways that start afresh at the phase start (a new or restarted pod)
+    leave: tuple[int, ...] = ()  # gateways that go away at the phase start (their shared entry with them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +95,7 @@ class Scenario:
     initial_limit: int = 8
     sweep: Conditions | None = None  # start from a sweep measured under these conditions
     sweep_levels: tuple[int, ...] = SWEEP_LEVELS
+    shared: bool = False  # the gateways share their demand and limits (Redis between real replicas)
 
 
 def sweep_start(profile: str, conditions: Conditions, config: AimdConfig, seed: int,
@@ -145,7 +158,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                     Phase("recovered", 90, Conditions(OVERLOAD, DEMO, hop_s=0.01), ("goodput", "tpot", "no_creep")),
                     Phase("calm", 60, Conditions((16,), DEMO, hop_s=0.01), ("no_drift", "no_gateway_queue"))),
              sweep=Conditions(OVERLOAD, DEMO)),
-    Scenario("two_gateways", "two gateways, 40 clients each, share one backend",
+    Scenario("two_gateways", "two gateways, 40 clients each, share one backend (nothing shared between them)",
              QWEN, (Phase("shared", 240, Conditions((40, 40), CHAT), ("fair", "goodput", "tpot")),)),
     # Non-streamed and mixed traffic: the gateway sees a whole answer's tokens only when it ends, and the
     # backend's live counter as a scrape reads it.
@@ -177,6 +190,19 @@ SCENARIOS: tuple[Scenario, ...] = (
              "token counter: streamed tokens as they come, whole answers spread over their lives",
              QWEN, (Phase("overload", 240, Conditions(OVERLOAD, MIXED, backend_counter=False),
                           ("goodput", "tpot")),)),
+    Scenario("replicas_2", "two replicas sharing their demand and limits, 40 clients each",
+             QWEN, (Phase("shared", 240, Conditions((40, 40), CHAT), REPLICAS),), shared=True),
+    Scenario("replicas_4", "four replicas sharing their demand and limits, 20 clients each",
+             QWEN, (Phase("shared", 240, Conditions((20,) * 4, CHAT), REPLICAS),), shared=True),
+    Scenario("replicas_8", "eight replicas sharing their demand and limits, 10 clients each",
+             QWEN, (Phase("shared", 240, Conditions((10,) * 8, CHAT), REPLICAS),), shared=True),
+    Scenario("replicas_uneven", "two replicas with uneven demand, 60 and 20 clients: shares 3:1",
+             QWEN, (Phase("shared", 240, Conditions((60, 20), CHAT), REPLICAS),), shared=True),
+    Scenario("replica_joins_leaves", "two replicas, a third joins (its clients spread over three), then leaves",
+             QWEN, (Phase("two", 120, Conditions((40, 40, 0), CHAT), REPLICAS),
+                    Phase("third joins", 150, Conditions((27, 27, 26), CHAT), (*REPLICAS, "absorb"), restart=(2,)),
+                    Phase("third leaves", 150, Conditions((40, 40, 0), CHAT), (*REPLICAS, "absorb"), leave=(2,))),
+             shared=True),
 )
 
 
@@ -198,6 +224,8 @@ class PhaseResult:
     preemptions: int
     failures: list[str] = field(default_factory=list)
     ttft_p99: float | None = None  # net of the gateway's queue, over the same interval as goodput
+    absorbed_s: float | None = None  # for ``absorb``: how long the shares took to settle
+    clients: tuple[int, ...] = ()  # per gateway, in this phase
 
     @property
     def ok(self) -> bool:
@@ -211,6 +239,28 @@ def _convergence(limits: list[tuple[float, int]], start: float, band: tuple[floa
     for i, (t, _) in enumerate(limits):
         rest = inside[i:]
         if inside[i] and sum(rest) >= IN_BAND_SHARE * len(rest):
+            return t - start
+    return None
+
+
+def _shares(limits: list[float], demands: tuple[int, ...]) -> list[tuple[int, float, float]]:
+    """(gateway, limit, demand-weighted share of the summed limit) for every gateway with clients."""
+    active = [g for g, clients in enumerate(demands) if clients > 0]
+    total_limit = sum(limits[g] for g in active)
+    total_demand = sum(demands[g] for g in active)
+    return [(g, limits[g], total_limit * demands[g] / total_demand) for g in active]
+
+
+def _absorbed(per_gateway: list[list[tuple[float, int]]], demands: tuple[int, ...], start: float) -> float | None:
+    """Seconds from ``start`` to the first tick from which every gateway is within ``FAIR_SHARE`` of its
+    share in at least ``IN_BAND_SHARE`` of the remaining ticks (and at that tick)."""
+    fair = [all(abs(limit - share) <= FAIR_SHARE * share
+                for _, limit, share in _shares([float(limit) for _, limit in ticks], demands))
+            for ticks in zip(*per_gateway)]
+    times = [ticks[0][0] for ticks in zip(*per_gateway)]
+    for i, t in enumerate(times):
+        rest = fair[i:]
+        if fair[i] and sum(rest) >= IN_BAND_SHARE * len(rest):
             return t - start
     return None
 
@@ -232,10 +282,14 @@ def run(scenario: Scenario, config: AimdConfig | None = None, *, algorithm: Call
     harness = Harness(profile, config, gateways=gateways, seed=scenario.seed, initial_limit=scenario.initial_limit,
                       start=start_point, algorithm=algorithm, static_limit=static_limit,
                       control_interval_s=control_interval_s, scrape_interval_s=scrape_interval_s,
-                      count_at_end=count_at_end)
+                      count_at_end=count_at_end, shared=scenario.shared)
     results = []
     for phase in scenario.phases:
         start = harness.now
+        for g in phase.restart:
+            harness.restart(g)
+        for g in phase.leave:
+            harness.leave(g)
         before = [gw.limit for gw in harness.gateways]
         harness.run_phase(phase.conditions, phase.duration_s)
         end = harness.now
@@ -245,13 +299,16 @@ def run(scenario: Scenario, config: AimdConfig | None = None, *, algorithm: Call
 
 def _judge(scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfig, start: float, end: float,
            before: list[int]) -> PhaseResult:
-    needs_oracle = bool(set(phase.checks) & {"converge", "goodput", "below_onset", "no_creep"})
+    needs_oracle = bool(set(phase.checks) & {"converge", "goodput", "below_onset", "no_creep", "sum_settles"})
     the_oracle = oracle(scenario.profile, phase.conditions, config, scenario.seed) if needs_oracle else None
     sweet = the_oracle.sweet_spot if the_oracle is not None else 0
     band = ((1 - BAND) * sweet, (1 + BAND) * sweet)
     per_gateway = [[(t, limit) for t, limit in harness.trace.limits(g) if start < t <= end]
                    for g in range(len(harness.gateways))]
-    total = [(ticks[0][0], sum(limit for _, limit in ticks)) for ticks in zip(*per_gateway)]
+    # The summed limit of the gateways that have clients: an idle one's limit holds nothing back.
+    demands = phase.conditions.clients
+    active = [ticks for g, ticks in enumerate(per_gateway) if demands[g] > 0] or per_gateway
+    total = [(ticks[0][0], sum(limit for _, limit in ticks)) for ticks in zip(*active)]
     converged = _convergence(total, start, band) if the_oracle is not None else None
     settled_from = start + (converged if converged is not None else CONVERGE_S)
     settled_values = [limit for t, limit in total if t >= settled_from]
@@ -265,7 +322,7 @@ def _judge(scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfi
     result = PhaseResult(
         scenario.name, phase.name, start, end, phase.checks, the_oracle, band, per_gateway, settled, converged,
         good, ratio, tpot, harness.trace.preemptions_between(judged_from, end),
-        ttft_p99=ttft_p99(finished, judged_from, end),
+        ttft_p99=ttft_p99(finished, judged_from, end), clients=demands,
     )
     failures = result.failures
     for check in phase.checks:
@@ -321,10 +378,21 @@ def _judge(scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfi
                                 f"{queued[0].now - start:.0f} s, limit {queued[0].limit}) under a demand below the sweet spot")
         elif check == "fair":
             medians = [statistics.median(limit for t, limit in ticks if t >= start + CONVERGE_S) for ticks in per_gateway]
-            mean = sum(medians) / len(medians)
-            for g, median in enumerate(medians):
-                if abs(median - mean) > FAIR_SHARE * mean:
-                    failures.append(f"gateway {g} holds {median}, not within 25% of the fair share {mean:.1f}")
+            for g, median, share in _shares(medians, demands):
+                if abs(median - share) > FAIR_SHARE * share:
+                    failures.append(f"gateway {g} holds {median}, not within 25% of its fair share {share:.1f}")
+        elif check == "sum_settles" and the_oracle is not None:
+            summed = [limit for t, limit in total if t >= start + CONVERGE_S]
+            median = statistics.median(summed) if summed else None
+            onset = the_oracle.preemption_onset
+            if median is None or median < band[0] or (onset is not None and median >= onset):
+                failures.append(f"summed limit's median {median}: under the band's floor {band[0]:.1f} or at the "
+                                f"preemption onset {onset}")
+        elif check == "absorb":
+            absorbed = _absorbed(per_gateway, demands, start)
+            result.absorbed_s = absorbed
+            if absorbed is None or absorbed > ABSORB_S:
+                failures.append(f"shares not absorbed within {ABSORB_S:.0f} s (absorbed after {absorbed})")
     return result
 
 

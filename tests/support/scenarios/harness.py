@@ -29,6 +29,7 @@ from gateway.control.algorithm import LimitAlgorithm, RequestObserver
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.observation import Headroom, LimiterState
 from gateway.control.controller import UpstreamControl
+from gateway.control.share import Entry, Peers
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
 from gateway.sim.engine import Engine, InjectedError, StepResult
 from gateway.sim.profiles import Profile
@@ -167,6 +168,7 @@ class Harness:
         scrape_interval_s: float = 2.0,
         hard_cap: int | None = None,
         algorithm: Callable[[], LimitAlgorithm] | None = None,
+        shared: bool = False,
         count_at_end: bool = False,
     ) -> None:
         self.profile = profile
@@ -197,6 +199,10 @@ class Harness:
         self._busy: list[set[int]] = [set() for _ in range(gateways)]  # clients with a request out
         self._step_pending = False
         self._headroom = Headroom()
+        # The replicas' shared state (what Redis holds between real gateways), one entry per gateway.
+        self.board: dict[int, Entry] | None = {} if shared else None
+        self._initial_limit, self._start, self._algorithm = initial_limit, start, algorithm
+        self.gone: set[int] = set()
         for g in range(gateways):
             self._push(control_interval_s * (1 + g / max(gateways, 1) / 7), "tick", g)
         self._push(0.0, "scrape", None)
@@ -367,6 +373,35 @@ class Harness:
         elif mode == "none":
             self._headroom = Headroom()
 
+    def _peers(self, g: int, gw: _Gateway) -> Peers | None:
+        """Publish this gateway's demand and limit on the board, and read the others' back."""
+        if self.board is None:
+            return None
+        self._publish(g, gw)
+        return Peers.of([entry for other, entry in self.board.items() if other != g], self.now)
+
+    def _publish(self, g: int, gw: _Gateway) -> None:
+        if self.board is not None and g not in self.gone:
+            self.board[g] = Entry(gw.inflight + len(gw.queue), gw.limit, self.now)
+
+    def restart(self, g: int) -> None:
+        """Gateway ``g`` starts afresh (a new pod, or one restarted): a new controller at the initial
+        limit, nothing measured, nothing on the board until its first tick."""
+        gw = self.gateways[g]
+        gw.control = UpstreamControl(f"gw{g}", self.config, initial_limit=self._initial_limit, start=self._start,
+                                     algorithm=None if self._algorithm is None else self._algorithm())
+        gw.limit = gw.control.limit
+        gw.window = SlidingWindow(self.config.window_s)
+        self.gone.discard(g)
+        if self.board is not None:
+            self.board.pop(g, None)
+
+    def leave(self, g: int) -> None:
+        """Gateway ``g`` goes away: its entry leaves the board (in Redis: it expires)."""
+        self.gone.add(g)
+        if self.board is not None:
+            self.board.pop(g, None)
+
     def _tick(self, g: int) -> None:
         self._push(self.now + self.control_interval_s, "tick", g)
         gw = self.gateways[g]
@@ -379,9 +414,11 @@ class Harness:
             decision = gw.control.tick(
                 self.now, gw.window, limiter, self._headroom,
                 hard_cap=self.hard_cap, tokens_total=gw.window.tokens_total if self.count_at_end else None,
+                peers=self._peers(g, gw),
             )
             action, reason = decision.action.value, decision.reason.value
             if decision.limit != gw.limit:
                 gw.limit = decision.limit
                 self._dispatch(gw)
+            self._publish(g, gw)
         self.trace.ticks.append(Tick(g, self.now, gw.limit, gw.inflight, len(gw.queue), action, reason))

@@ -1,0 +1,82 @@
+"""The demand-weighted fair share of a backend that several gateway replicas feed.
+
+Each replica judges slots by its own throughput, and its own throughput rises with its share of the
+backend whatever the backend's total does, so replicas at their knees keep whatever split the race at
+start-up gave them. From the backend's own metrics a replica sees how many requests run in all and how
+many of them are its own, but not how many requests the *others* hold queued: the queues are in the
+gateways. "They have little demand" and "they have much demand and small limits" look the same from
+the backend, so with more than two replicas, or uneven demand, the fair split cannot be inferred; it
+needs each replica's demand. :class:`Peers` is what the other replicas last published (shared state,
+``gateway.server.share_board``), and :func:`fair_share` turns it into this replica's share of the
+limits all replicas hold together, in proportion to demand: each waiting client gets the same share of
+the backend whichever replica the load balancer sent it to.
+
+The sum of the limits is still found by every replica's own knee search; this rule only moves slots
+between replicas, so the sum stays where the searches put it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Outside this share of the fair share a replica moves to it (the scenarios' bound is 25%).
+SHARE_SLACK = 0.15
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One replica's numbers as it published them: its demand (in flight plus queued) and its limit."""
+
+    demand: float
+    limit: int
+    at: float  # when it published them, on the reader's clock
+
+
+@dataclass(frozen=True, slots=True)
+class Peers:
+    """The other replicas of the same upstream as they last published themselves: how many, their
+    demand (in flight plus queued, summed), the limits they use (summed), and the oldest entry's age.
+
+    A limit counts only up to its replica's demand: an idle replica's limit is no share of anything,
+    and counting it would hand its slots to the busy ones twice over."""
+
+    replicas: int
+    demand: float
+    limit: int
+    age_s: float
+
+    @classmethod
+    def of(cls, entries: list[Entry], now: float) -> "Peers | None":
+        if not entries:
+            return None
+        used = sum(min(e.limit, max(round(e.demand), 0)) for e in entries)
+        return cls(len(entries), sum(e.demand for e in entries), used, max(now - min(e.at for e in entries), 0.0))
+
+
+def fair_share(limit: int, demand: float, peers: Peers | None, stale_s: float) -> int | None:
+    """This replica's demand-weighted share of all replicas' limits together, or None when there is
+    nothing to share (no peers, stale entries, no demand) or the limit is already within the slack."""
+    if peers is None or peers.replicas <= 0 or peers.age_s > stale_s or demand <= 0:
+        return None
+    total_demand = demand + peers.demand
+    total_limit = limit + peers.limit
+    if total_demand <= total_limit:
+        return None  # nobody is held back: every replica's demand fits, there is no contention to split
+    share = total_limit * demand / total_demand
+    if abs(limit - share) <= SHARE_SLACK * share:
+        return None
+    return max(1, round(share))
+
+
+
+def cap_share(hard_cap: int, demand: float, peers: Peers | None, stale_s: float) -> int:
+    """This replica's part of the backend's hard cap (its slots, ``--max-num-seqs``): the cap is the
+    backend's, not each replica's, so with peers known each holds its demand-weighted part of it,
+    rounded down, so the parts never add up to more than the backend admits. A replica with no demand
+    keeps one slot to notice demand with."""
+    if peers is None or peers.replicas <= 0 or peers.age_s > stale_s:
+        return hard_cap
+    total = demand + peers.demand
+    if total <= 0:
+        return hard_cap
+    return max(1, int(hard_cap * demand / total))
