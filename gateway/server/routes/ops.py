@@ -94,4 +94,9 @@ async def state(request: Request) -> Response:
         "drain_rate_per_s": round(gateway.queue.drain_rate(), 3),
         "retry_after_s": gateway.queue.retry_after(),
     }
-    return JSONResponse({"queue": queue, "upstreams": upstreams})
+    router = gateway.router
+    routing: dict[str, object] = {"policy": "prefix" if router is not None else "least_loaded"}
+    if router is not None:
+        routing["prefix_map_entries"] = len(router.prefixes)
+        routing["prefix_map_max"] = router.prefixes.max_entries
+    return JSONResponse({"queue": queue, "routing": routing, "upstreams": upstreams})
