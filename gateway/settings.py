@@ -171,12 +171,12 @@ class Settings(BaseSettings, ControllerKnobs):
     initial_limit: int = Field(
         8, ge=1, description="Concurrency limit per upstream at start (or always, with the controller off)."
     )
-    routing: Literal["prefix", "least_loaded"] = Field(
+    routing: Literal["prefix", "least_loaded", "random"] = Field(
         "prefix",
         description="How a request picks among several upstreams that serve its model and have room: `prefix` "
         "prefers the one that recently served the longest prefix of its prompt (its prefix cache skips that "
-        "prefill), weighed against load; `least_loaded` takes the most free permits. With one upstream there is "
-        "nothing to choose. docs/gateway.md says why.",
+        "prefill), weighed against load; `least_loaded` takes the most free permits; `random` any with room (a "
+        "baseline for benchmarks). With one upstream there is nothing to choose. docs/gateway.md says why.",
     )
     routing_load_weight: float = Field(
         1.0, ge=0,

@@ -11,7 +11,7 @@ from gateway.control.window import SlidingWindow
 from gateway.server.admission import AdmissionQueue, Limiter
 from gateway.server.drain import DrainState
 from gateway.server.response_affinity import ResponseAffinity
-from gateway.server.routing import MetricsObserver, PrefixMap, PrefixRouter
+from gateway.server.routing import MetricsObserver, PrefixMap, PrefixRouter, RandomRouter
 from gateway.server.upstream_client import UpstreamClient
 from gateway.server.upstreams import Upstream, UpstreamPool
 from gateway.settings import Settings
@@ -28,7 +28,7 @@ class Gateway:
     clock: Callable[[], float] = time.monotonic
     drain: DrainState = field(default_factory=DrainState)
     responses: ResponseAffinity = field(init=False)  # which upstream created each stored response
-    router: PrefixRouter | None = None  # None: least-loaded routing (a setting, or one upstream)
+    router: PrefixRouter | None = None  # None: least-loaded routing (the setting, or a single upstream)
     client_keys: tuple[bytes, ...] = field(init=False)  # keys as bytes, once: compared with raw header bytes
     admin_key: bytes | None = field(init=False)
 
@@ -49,12 +49,13 @@ class Gateway:
                      public_name=f"upstream-{index}")
             for index, url in enumerate(settings.upstreams, start=1)
         ]
-        router = None
-        if settings.routing == "prefix" and len(upstreams) > 1:
+        router: PrefixRouter | None = None
+        if settings.routing != "least_loaded" and len(upstreams) > 1:
             prefixes = PrefixMap(max_entries=settings.routing_prefix_map_max, ttl_s=settings.routing_prefix_ttl_s,
                                  clock=clock)
-            router = PrefixRouter(prefixes, load_weight=settings.routing_load_weight,
-                                  observer=MetricsObserver(metrics))
+            observer = MetricsObserver(metrics)
+            router = (RandomRouter(prefixes, observer=observer) if settings.routing == "random" else
+                      PrefixRouter(prefixes, load_weight=settings.routing_load_weight, observer=observer))
             metrics.routing_prefix_map_entries.set_function(lambda: len(prefixes))
         queue = AdmissionQueue(upstreams, max_queue=settings.max_queue, clock=clock,
                                choose=None if router is None else router.choose)

@@ -27,6 +27,7 @@ permits. With no prefix known anywhere it is exactly least-loaded routing.
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -46,7 +47,8 @@ MAX_CHUNKS = 2048
 REASON_PREFIX = "prefix"  # the chosen upstream holds the longest known prefix of the request
 REASON_LOAD = "load"  # another upstream holds a longer prefix but is full, or busier than the saving is worth
 REASON_NO_PREFIX = "least_loaded"  # no upstream is known to hold any of it: the least loaded one
-REASONS = (REASON_PREFIX, REASON_LOAD, REASON_NO_PREFIX)
+REASON_RANDOM = "random"  # the random policy, a baseline for benchmarks
+REASONS = (REASON_PREFIX, REASON_LOAD, REASON_NO_PREFIX, REASON_RANDOM)
 
 T = TypeVar("T", bound=AdmissionTarget)
 
@@ -215,4 +217,22 @@ class PrefixRouter:
         if keys:
             self.prefixes.record(keys, chosen.name)
         self.observer.decided(reason, chosen.name, len(keys), hit)
+        return chosen
+
+
+class RandomRouter(PrefixRouter):
+    """Any upstream with room, at random: the baseline that ignores both cache and load. It still keeps the
+    map, so its estimated prefix hits are counted like the prefix policy's."""
+
+    def __init__(self, prefixes: PrefixMap, *, seed: int | None = None, observer: RouteObserver | None = None) -> None:
+        super().__init__(prefixes, observer=observer)
+        self._rng = random.Random(seed)
+
+    def choose(self, available: list[T], hint: RouteHint) -> T:
+        chosen = self._rng.choice(available)
+        keys = hint.keys
+        hit = self.prefixes.matches(keys).get(chosen.name, 0) if keys else 0
+        if keys:
+            self.prefixes.record(keys, chosen.name)
+        self.observer.decided(REASON_RANDOM, chosen.name, len(keys), hit)
         return chosen

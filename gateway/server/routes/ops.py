@@ -95,7 +95,7 @@ async def state(request: Request) -> Response:
         "retry_after_s": gateway.queue.retry_after(),
     }
     router = gateway.router
-    routing: dict[str, object] = {"policy": "prefix" if router is not None else "least_loaded"}
+    routing: dict[str, object] = {"policy": gateway.settings.routing if router is not None else "least_loaded"}
     if router is not None:
         routing["prefix_map_entries"] = len(router.prefixes)
         routing["prefix_map_max"] = router.prefixes.max_entries
