@@ -21,7 +21,9 @@ where it is not.
 The choice is made among the upstreams that can take the request *now* (healthy, a free permit under their
 adaptive limit), so affinity never sends work to a saturated upstream while another has room. Score:
 ``matched share of the prompt's chunks - load_weight x (in-flight / limit)``; ties go to the most free
-permits. With no prefix known anywhere it is exactly least-loaded routing.
+permits, then to the upstream chosen least recently, so new prompts spread over the upstreams' caches instead
+of all landing on the first idle one and evicting each other there. With no prefix known anywhere it is
+least-loaded routing with that tie-break.
 """
 
 from __future__ import annotations
@@ -193,6 +195,8 @@ class PrefixRouter:
         self.prefixes = prefixes
         self.load_weight = load_weight
         self.observer = observer if observer is not None else RouteObserver()
+        self._chosen_at: dict[str, int] = {}  # upstream -> number of the decision that last chose it
+        self._decisions = 0
 
     def hint(self, body: Any) -> RouteHint:
         text = prompt_text(body)
@@ -204,13 +208,17 @@ class PrefixRouter:
         matched = self.prefixes.matches(keys) if keys else {}
         total = len(keys) or 1
         weight = self.load_weight
+        chosen_at = self._chosen_at
 
-        def score(target: T) -> tuple[float, int]:
+        def score(target: T) -> tuple[float, int, int]:
             limiter = target.limiter
             load = limiter.inflight / limiter.limit
-            return matched.get(target.name, 0) / total - weight * load, limiter.free
+            return (matched.get(target.name, 0) / total - weight * load, limiter.free,
+                    -chosen_at.get(target.name, -1))
 
         chosen = max(available, key=score)
+        self._decisions += 1
+        chosen_at[chosen.name] = self._decisions
         hit = matched.get(chosen.name, 0)
         best = max(matched.values(), default=0)
         reason = REASON_NO_PREFIX if best == 0 else REASON_PREFIX if hit == best else REASON_LOAD

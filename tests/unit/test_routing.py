@@ -102,6 +102,20 @@ def test_without_a_known_prefix_it_is_least_loaded() -> None:
     assert [d[0] for d in seen.decisions] == [REASON_NO_PREFIX, REASON_NO_PREFIX]
 
 
+def test_new_prompts_spread_over_idle_upstreams_and_stay_where_they_went() -> None:
+    router, _ = make_router()
+    targets = ups("a", "b")
+    conversations = [f"conversation {i} " * 100 for i in range(2)]
+    first = [router.choose(targets, router.hint(ChatRequest(model="m", messages=[{"role": "user", "content": c}])))
+             for c in conversations]
+    assert [t.name for t in first] == ["a", "b"]  # all idle: the one chosen least recently
+    for _ in range(3):  # sequential turns, every upstream idle each time: each goes back to its own
+        for c, where in zip(conversations, first):
+            body = ChatRequest(model="m", messages=[{"role": "user", "content": c}, {"role": "assistant",
+                                                                                     "content": "ok"}])
+            assert router.choose(targets, router.hint(body)) is where
+
+
 def test_load_outweighs_a_small_shared_prefix_but_not_a_long_history() -> None:
     router, seen = make_router()
     a, b = targets = ups("a", "b", limit=10)
