@@ -22,7 +22,7 @@ import urllib.request
 
 import pytest
 
-from tests.support.gateway import metric_value, start_gateway
+from tests.support.gateway import get_json, metric_value, start_gateway
 from tests.support.llama import MODEL, llama_config, start_llama_server
 from gateway.demo.processes import RunningProcess
 
@@ -91,6 +91,10 @@ def test_prefix_routing_sends_each_turn_back_to_the_server_holding_its_history(m
     decisions = {reason: metric_value(f"{prefix}/metrics", "sweetspot_routing_decisions_total", {"reason": reason})
                  for reason in ("prefix", "least_loaded", "load")}
     assert decisions == {"prefix": 2 * (TURNS - 1), "least_loaded": 2, "load": None}, decisions
+    routing = get_json(f"{prefix}/state")["routing"]
+    assert routing["policy"] == "prefix" and routing["prefix_map_max"] == 200_000
+    assert 10 <= routing["prefix_map_entries"] <= 40  # each conversation's chunks, kept once
+    assert metric_value(f"{prefix}/metrics", "sweetspot_routing_prefix_map_entries") == routing["prefix_map_entries"]
     for url in urls:  # the estimate per upstream: every chunk of every follow-up expected in the cache
         chunks = metric_value(f"{prefix}/metrics", "sweetspot_routing_prefix_chunks_total", {"upstream": url})
         hits = metric_value(f"{prefix}/metrics", "sweetspot_routing_prefix_hit_chunks_total", {"upstream": url})

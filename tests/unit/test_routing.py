@@ -188,3 +188,22 @@ async def test_a_queued_request_is_placed_by_its_hint_when_several_free_up() -> 
     pa.released = pb.released = True
     queue.dispatch()
     assert (await waiting).target is b
+
+
+def test_the_gateway_routes_by_prefix_only_when_there_is_a_choice() -> None:
+    from gateway.server.parts import Gateway
+    from gateway.settings import Settings
+
+    two = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    built = Gateway.build(Settings(upstreams=two))
+    assert isinstance(built.router, PrefixRouter) and built.queue.choose == built.router.choose
+    assert Gateway.build(Settings(upstreams=two[:1])).router is None  # nothing to choose, nothing hashed
+    least = Gateway.build(Settings(upstreams=two, routing="least_loaded"))
+    assert least.router is None and least.queue.choose is None
+    bounded = Gateway.build(Settings(upstreams=two, routing_prefix_map_max=3))
+    assert bounded.router is not None
+    bounded.router.choose(list(bounded.pool), bounded.router.hint(chat("a long prompt " * 200)))
+    assert len(bounded.router.prefixes) == 3
+    assert bounded.metrics.registry.get_sample_value("sweetspot_routing_prefix_map_entries") == 3
+    assert bounded.metrics.registry.get_sample_value("sweetspot_routing_decisions_total",
+                                                     {"reason": REASON_NO_PREFIX}) == 1
