@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import sys
 import time
 import urllib.request
@@ -56,6 +57,7 @@ VOCAB = tuple(
 class Run:
     workload: str
     policy: str
+    round: int = 0
     ttft: list[float] = field(default_factory=list)
     tokens: int = 0  # output chunks received inside the measurement window
     requests: int = 0
@@ -205,14 +207,15 @@ async def drive(workload: str, url: str, args: argparse.Namespace, run: Run, tag
     run.seconds = args.duration
 
 
-def one_run(workload: str, policy: str, sims: list[RunningProcess], args: argparse.Namespace, tag: str) -> Run:
+def one_run(workload: str, policy: str, sims: list[RunningProcess], args: argparse.Namespace, tag: str,
+            round_: int) -> Run:
     cmd = [sys.executable, "-m", "gateway", "serve", "--port", "0", "--no-control", "--routing", policy,
            "--initial-limit", str(args.limit), "--log-level", "warning"]
     for sim in sims:
         cmd += ["--upstream", sim.url]
     gateway, url = start(cmd, LISTENING, env={"SWEETSPOT_ACCESS_LOG": "false",
                                               "SWEETSPOT_ROUTING_LOAD_WEIGHT": str(args.load_weight)})
-    run = Run(workload, policy)
+    run = Run(workload, policy, round_)
     try:
         before = [scrape(sim.url) for sim in sims]
         asyncio.run(drive(workload, url, args, run, tag))
@@ -235,18 +238,63 @@ def one_run(workload: str, policy: str, sims: list[RunningProcess], args: argpar
     return run
 
 
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summary(runs: list[Run]) -> list[dict[str, object]]:
+    """Per workload and policy, the median over rounds; ratios against least-loaded's medians."""
+    rows: list[dict[str, object]] = []
+    for workload in dict.fromkeys(r.workload for r in runs):
+        base = [r for r in runs if r.workload == workload and r.policy == "least_loaded"]
+        base_p50 = median([pct(r.ttft, 50) for r in base])
+        base_tput = median([r.tokens_per_s for r in base])
+        for policy in dict.fromkeys(r.policy for r in runs):
+            mine = [r for r in runs if r.workload == workload and r.policy == policy]
+            if not mine:
+                continue
+            p50 = median([pct(r.ttft, 50) for r in mine])
+            tput = median([r.tokens_per_s for r in mine])
+            rows.append({
+                "workload": workload, "policy": policy, "rounds": len(mine),
+                "ttft_p50_ms": [round(pct(r.ttft, 50) * 1000) for r in mine],
+                "ttft_p50_median_ms": round(p50 * 1000),
+                "ttft_p99_median_ms": round(median([pct(r.ttft, 99) for r in mine]) * 1000),
+                "p50_gain": base_p50 / p50 if p50 else float("nan"),
+                "tokens_per_s_median": round(tput),
+                "tokens_per_s_ratio": tput / base_tput if base_tput else float("nan"),
+                "sim_hit_rate": median([r.sim_hit_rate for r in mine]),
+                "max_over_mean_load_worst": max(r.max_over_mean_load for r in mine),
+            })
+    return rows
+
+
+def report_summary(rows: list[dict[str, object]]) -> None:
+    table = Table(title="medians over rounds (gain and ratio against least_loaded's medians)")
+    for col in ("workload", "policy", "rounds", "TTFT p50 ms per round", "p50 median", "p99 median", "p50 gain",
+                "out tok/s", "tok/s ratio", "sim hit rate", "load max/mean (worst)"):
+        table.add_column(col, justify="right")
+    for row in rows:
+        table.add_row(str(row["workload"]), str(row["policy"]), str(row["rounds"]),
+                      " ".join(str(v) for v in row["ttft_p50_ms"]),  # type: ignore[attr-defined]
+                      str(row["ttft_p50_median_ms"]), str(row["ttft_p99_median_ms"]), f"{row['p50_gain']:.2f}x",
+                      str(row["tokens_per_s_median"]), f"{row['tokens_per_s_ratio']:.3f}",
+                      f"{row['sim_hit_rate']:.1%}", f"{row['max_over_mean_load_worst']:.2f}")
+    console.print(table)
+
+
 def report(runs: list[Run]) -> None:
-    table = Table(title="routing: prefix vs least-loaded vs random (ratios against least_loaded)")
-    for col in ("workload", "policy", "req", "err", "TTFT p50 ms", "TTFT p99 ms", "p50 gain", "out tok/s",
+    table = Table(title="every run (ratios against least_loaded in the same round)")
+    for col in ("round", "workload", "policy", "req", "err", "TTFT p50 ms", "TTFT p99 ms", "p50 gain", "out tok/s",
                 "tok/s ratio", "sim hit rate", "gw hit est.", "load max/mean", "requests per upstream"):
         table.add_column(col, justify="right")
-    base = {r.workload: r for r in runs if r.policy == "least_loaded"}
+    base = {(r.round, r.workload): r for r in runs if r.policy == "least_loaded"}
     for r in runs:
-        b = base.get(r.workload)
+        b = base.get((r.round, r.workload))
         p50 = pct(r.ttft, 50)
         gain = pct(b.ttft, 50) / p50 if b and p50 else float("nan")
         tput = r.tokens_per_s / b.tokens_per_s if b and b.tokens_per_s else float("nan")
-        table.add_row(r.workload, r.policy, str(r.requests), str(r.errors), f"{p50 * 1000:.0f}",
+        table.add_row(str(r.round), r.workload, r.policy, str(r.requests), str(r.errors), f"{p50 * 1000:.0f}",
                       f"{pct(r.ttft, 99) * 1000:.0f}", f"{gain:.2f}x", f"{r.tokens_per_s:.0f}", f"{tput:.3f}",
                       f"{r.sim_hit_rate:.1%}",
                       "-" if r.gateway_hit_estimate is None else f"{r.gateway_hit_estimate:.1%}",
@@ -268,6 +316,7 @@ def main() -> None:
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--load-weight", type=float, default=1.0, help="the gateway's routing_load_weight")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat every run, rotating the policies' order")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -280,25 +329,28 @@ def main() -> None:
                              "--max-model-len", "16384", "--time-scale", str(args.time_scale),
                              "--model-name", "sim", "--seed", str(i)], LISTENING)
             sims.append(proc)
-        for workload in args.workloads:
-            for policy in args.policies:
-                tag = f"run-{workload}-{policy}-{time.time_ns()}"
-                console.print(f"[bold]{workload} / {policy}[/] ...")
-                run = one_run(workload, policy, sims, args, tag)
-                runs.append(run)
-                console.print(f"  TTFT p50 {pct(run.ttft, 50) * 1000:.0f} ms, {run.tokens_per_s:.0f} tok/s, "
-                              f"sim hit rate {run.sim_hit_rate:.1%}, decisions {run.decisions}")
+        for round_ in range(args.rounds):
+            for workload in args.workloads:
+                # the order rotates per round, so a drift of the (shared) machine hits every policy alike
+                shift = round_ % len(args.policies)
+                for policy in args.policies[shift:] + args.policies[:shift]:
+                    tag = f"run-{workload}-{policy}-{time.time_ns()}"
+                    console.print(f"[bold]round {round_}: {workload} / {policy}[/] ...")
+                    run = one_run(workload, policy, sims, args, tag, round_)
+                    runs.append(run)
+                    console.print(f"  TTFT p50 {pct(run.ttft, 50) * 1000:.0f} ms, {run.tokens_per_s:.0f} tok/s, "
+                                  f"sim hit rate {run.sim_hit_rate:.1%}, decisions {run.decisions}")
     finally:
         for sim in sims:
             sim.stop()
     report(runs)
+    rows = summary(runs)
+    report_summary(rows)
     if args.json:
-        payload = {"args": {k: str(v) for k, v in vars(args).items()},
-                   "runs": [asdict(r) | {"ttft_p50_s": pct(r.ttft, 50), "ttft_p99_s": pct(r.ttft, 99),
-                                         "tokens_per_s": r.tokens_per_s, "max_over_mean_load": r.max_over_mean_load}
-                            for r in runs]}
-        for item in payload["runs"]:
-            item.pop("ttft")
+        per_run = [{k: v for k, v in asdict(r).items() if k != "ttft"}
+                   | {"ttft_p50_s": pct(r.ttft, 50), "ttft_p99_s": pct(r.ttft, 99), "tokens_per_s": r.tokens_per_s,
+                      "max_over_mean_load": r.max_over_mean_load} for r in runs]
+        payload = {"args": {k: str(v) for k, v in vars(args).items()}, "summary": rows, "runs": per_run}
         args.json.write_text(json.dumps(payload, indent=2))
 
 
