@@ -392,5 +392,7 @@ class Aimd:
             "tpot_p99_scale": None if self._tpot.scale is None else round(self._tpot.scale, 4),
             "peak_reference_tokens_per_s": self._peak_reference,
             "exact_throughput": self._readings.meter.exact,
+            "tokens_source": self._readings.meter.source,
+            "reading_pending": self._readings.pending is not None,
             "signals": self._detector.state(),
         }

@@ -17,10 +17,13 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from gateway.control.accounting import TokenAccounting
 from gateway.control.aimd import Aimd
 from gateway.control.algorithm import Action, Decision, LimitAlgorithm
 from gateway.control.config import AimdConfig, StartPoint
-from gateway.control.observation import NO_HEADROOM, Headroom, Latency, LimiterState, Observation, observe
+from gateway.control.observation import (
+    NO_HEADROOM, Headroom, Latency, LimiterState, Observation, TokenCount, observe,
+)
 from gateway.control.window import SlidingWindow, WindowStats
 
 
@@ -47,6 +50,7 @@ class UpstreamControl:
         self.last_stats: WindowStats | None = None
         self.ticks = 0
         self._evidence_since = float("-inf")
+        self.accounting = TokenAccounting(config.metrics_stale_s)
 
     @property
     def limit(self) -> int:
@@ -62,16 +66,18 @@ class UpstreamControl:
         hard_cap: int | None = None,
         tokens_total: float | None = None,
     ) -> Decision:
-        """One control step. The cumulative count of output tokens streamed through this upstream
-        (``window.tokens_total``, or ``tokens_total`` when given) lets throughput be read over exactly
-        the interval at one limit; without it readings wait for whole windows.
-        The window's statistics are kept in ``last_stats`` for the caller's gauges."""
+        """One control step. A cumulative count of this upstream's output tokens lets throughput be read
+        over exactly the interval at one limit: the gateway's own, or its share of the backend's
+        (``gateway.control.accounting`` chooses, from the window and ``headroom``), or ``tokens_total``
+        when given. The window's statistics are kept in ``last_stats`` for the caller's gauges."""
         if tokens_total is None:
-            tokens_total = window.tokens_total
+            count = self.accounting.count(now, window, headroom, limiter.inflight)
+        else:
+            count = TokenCount(tokens_total, now)
         stats = window.stats(now)
         fresh = [s for s in window.samples(now) if s.admitted >= self._evidence_since]
         observation = observe(
-            now, stats, limiter, headroom, hard_cap=hard_cap, tokens_total=tokens_total, latency=Latency.of(fresh)
+            now, stats, limiter, headroom, hard_cap=hard_cap, latency=Latency.of(fresh), count=count
         )
         decision = self.algorithm.step(observation)
         if decision.action is Action.DECREASE:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gateway.control.window import Outcome, RequestSample, WindowStats, percentile
+from gateway.control.window import Outcome, RequestSample, Span, WindowStats, percentile
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +60,30 @@ class Headroom:
     backend_running: int | None = None
     backend_waiting: int | None = None
     preemptions_total: float | None = None
+    # the backend's count of generated tokens, all clients together; ``live`` when it moves as tokens are
+    # made (vLLM counts per engine step), not when requests end (llama-server)
+    generation_tokens_total: float | None = None
+    generation_tokens_live: bool = False
     backend_at: float | None = None
 
 
 NO_HEADROOM = Headroom()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCount:
+    """The cumulative count of output tokens the throughput meter reads at one tick, and what it is.
+
+    ``source`` is ``"gateway"`` (the gateway's own count: streamed tokens as they arrived, plus ``spans``,
+    the non-streamed requests that ended since the last tick, and ``pending_since``, when the oldest one
+    still in flight was admitted) or ``"backend"`` (this gateway's share of the backend's own live
+    counter, read at ``at``, a scrape's time). :mod:`gateway.control.accounting` chooses."""
+
+    total: float
+    at: float
+    source: str = "gateway"
+    spans: tuple[Span, ...] = ()
+    pending_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +117,7 @@ class Observation:
     window_s: float
     # throughput and latency (window statistics)
     tokens_per_s: float
-    tokens_total: float | None  # cumulative output tokens streamed through this upstream, if known
+    tokens_total: float | None  # the cumulative output-token count the meter reads, if known
     completed: int
     ok: int
     # p99 latencies over the successful requests *admitted since the last decrease* (older ones ran
@@ -127,6 +147,12 @@ class Observation:
     preemptions_total: float | None = None
     preemptions_age_s: float | None = None
     gpus: tuple[GpuHeadroom, ...] = field(default=(), repr=False)
+    # what ``tokens_total`` is (see TokenCount): when it was counted (None: now), its source, the
+    # non-streamed requests that ended since the last tick and the oldest one still in flight
+    tokens_at: float | None = None
+    tokens_source: str = "gateway"
+    token_spans: tuple[Span, ...] = field(default=(), repr=False)
+    tokens_pending_since: float | None = None
 
     @property
     def failures(self) -> int:
@@ -142,7 +168,7 @@ class Observation:
         """The flat numbers (no per-GPU detail), rounded for logs and the JSON state view."""
         out: dict[str, Any] = {}
         for name, value in asdict(self).items():
-            if name == "gpus":
+            if name in ("gpus", "token_spans"):
                 continue
             out[name] = round(value, 4) if isinstance(value, float) else value
         return out
@@ -163,12 +189,16 @@ def observe(
     hard_cap: int | None = None,
     tokens_total: float | None = None,
     latency: Latency | None = None,
+    count: TokenCount | None = None,
 ) -> Observation:
     """Fold one tick's inputs into an :class:`Observation`. Pure: ``now`` is the caller's clock.
-    ``latency`` defaults to the whole window's percentiles."""
+    ``latency`` defaults to the whole window's percentiles; ``count``, when given, is the token count
+    the meter reads (``tokens_total`` is then ignored)."""
     gpus = headroom.gpus
     if latency is None:
         latency = Latency.from_stats(stats)
+    if count is not None:
+        tokens_total = count.total
     return Observation(
         now=now,
         window_s=stats.span_s,
@@ -199,4 +229,8 @@ def observe(
         preemptions_total=headroom.preemptions_total,
         preemptions_age_s=_age(now, headroom.backend_at, headroom.preemptions_total),
         gpus=gpus,
+        tokens_at=None if count is None else count.at,
+        tokens_source="gateway" if count is None else count.source,
+        token_spans=() if count is None else count.spans,
+        tokens_pending_since=None if count is None else count.pending_since,
     )

@@ -2,8 +2,12 @@
 
 The proxy records one :class:`RequestSample` per finished request and feeds streamed output tokens to
 :meth:`SlidingWindow.add_tokens` as they arrive, so throughput is measured while long streams run
-instead of being credited in a lump when they end. Everything here is pure: times are plain floats
-from whatever monotonic clock the caller uses, and nothing sleeps or reads a clock itself.
+instead of being credited in a lump when they end. A request that is not streamed shows its tokens only
+when it ends, all at once: the window keeps it as a :class:`Span` (its tokens spread evenly over its
+life, the only honest guess of when they were made) and knows which such requests are still open, so a
+reading over an interval can wait until every request that ran in it has told its count
+(:mod:`gateway.control.meter`). Everything here is pure: times are plain floats from whatever monotonic
+clock the caller uses, and nothing sleeps or reads a clock itself.
 """
 
 from __future__ import annotations
@@ -65,6 +69,22 @@ class RequestSample:
         return (self.finished - self.first_token) / (self.output_tokens - 1)
 
 
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A non-streamed request's output tokens, credited evenly over its life from admission to its end."""
+
+    start: float
+    end: float
+    tokens: int
+
+    def tokens_in(self, begin: float, end: float) -> float:
+        """The share of the tokens that falls inside ``[begin, end]``."""
+        if self.end <= self.start:
+            return float(self.tokens) if begin <= self.end <= end else 0.0
+        overlap = max(0.0, min(self.end, end) - max(self.start, begin))
+        return self.tokens * overlap / (self.end - self.start)
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """Linear-interpolated percentile (numpy's default), ``q`` in [0, 100]; None for no values."""
     if not values:
@@ -124,7 +144,14 @@ class SlidingWindow:
         self._samples: deque[RequestSample] = deque()
         self._token_buckets: deque[list[float]] = deque()  # [bucket start, tokens]
         self._started: float | None = None
-        self.tokens_total = 0.0  # every token ever credited: lets the controller judge exact intervals
+        self.tokens_total = 0.0  # every token ever credited, as it became visible
+        self.streamed_total = 0.0  # the streamed ones: credited as they were made
+        self._spans: deque[tuple[int, Span]] = deque()  # non-streamed requests, numbered in order
+        self._spans_seen = 0
+        self._span_keep_s = max(horizon_s, 120.0)  # long enough for the meter to collect them
+        self._open: dict[int, float] = {}  # non-streamed requests in flight: key -> admitted
+        self._open_keys = 0
+        self.unstreamed_at: float | None = None  # when a non-streamed request last ended with tokens
 
     def start(self, now: float) -> None:
         """Mark when measuring began, so an early window's rate is not divided by a span it never saw."""
@@ -132,14 +159,44 @@ class SlidingWindow:
             self._started = now
 
     def add(self, sample: RequestSample) -> None:
+        """One finished request. A non-streamed one brings its tokens too (its stream never did): they
+        count in the window's rate at its end, and as a :class:`Span` for the meter."""
         self.start(sample.arrived)
         self._samples.append(sample)
+        if not sample.streamed and sample.output_tokens > 0:
+            self._credit(sample.finished, sample.output_tokens)
+            self._spans_seen += 1
+            self._spans.append((self._spans_seen, Span(sample.admitted, sample.finished, sample.output_tokens)))
+            self.unstreamed_at = sample.finished
         self.prune(sample.finished)  # here, not only when read: memory stays flat when nobody reads
 
+    def opened(self, admitted: float) -> int:
+        """A non-streamed request was sent upstream: until :meth:`closed`, readings that overlap its life
+        are not final. Returns the key to close it with."""
+        self._open_keys += 1
+        self._open[self._open_keys] = admitted
+        return self._open_keys
+
+    def closed(self, key: int) -> None:
+        self._open.pop(key, None)
+
+    @property
+    def pending_since(self) -> float | None:
+        """When the oldest non-streamed request still in flight was admitted (None: none is)."""
+        return min(self._open.values(), default=None)
+
+    def spans_after(self, seen: int) -> tuple[int, list[Span]]:
+        """Non-streamed requests recorded after the ``seen``-th one, and the number of the last one."""
+        return self._spans_seen, [span for number, span in self._spans if number > seen]
+
     def add_tokens(self, now: float, count: int) -> None:
-        """Credit ``count`` output tokens (negative corrections allowed) to the bucket holding ``now``."""
+        """Credit ``count`` streamed output tokens (negative corrections allowed) to the bucket holding ``now``."""
         if count == 0:
             return
+        self.streamed_total += count
+        self._credit(now, count)
+
+    def _credit(self, now: float, count: int) -> None:
         self.start(now)
         self.tokens_total += count
         start = now - (now % self.bucket_s)
@@ -155,6 +212,8 @@ class SlidingWindow:
             self._samples.popleft()
         while self._token_buckets and self._token_buckets[0][0] + self.bucket_s <= cutoff:
             self._token_buckets.popleft()
+        while self._spans and self._spans[0][1].end < now - self._span_keep_s:
+            self._spans.popleft()
 
     def samples(self, now: float) -> list[RequestSample]:
         self.prune(now)

@@ -106,14 +106,16 @@ class ControlLoop:
         metrics.backend_metrics_age.bind(labels, age)
 
     # --- loops --------------------------------------------------------------------------------------
-    async def scrape(self) -> None:
+    async def scrape(self, names: list[str] | None = None) -> None:
+        """Scrape every upstream's backend, or those ``names``."""
         async def one(name: str, scraper: BackendScraper) -> None:
             snapshot = await scraper.scrape()
             self.gateway.pool.by_name[name].streams_keep_alive = scraper.kind == "vllm"
             if snapshot.error is not None:
                 self.gateway.metrics.backend_scrape_errors.labels(name).inc()
 
-        await asyncio.gather(*(one(name, scraper) for name, scraper in self.scrapers.items()))
+        await asyncio.gather(*(one(name, scraper) for name, scraper in self.scrapers.items()
+                               if names is None or name in names))
 
     async def read_gpus(self) -> None:
         gpus = await asyncio.to_thread(self.gpu_source.read)
@@ -125,6 +127,10 @@ class ControlLoop:
                 self.gateway.metrics.gpu_utilization_ratio.labels(label).set(gpu.utilization)
 
     async def control(self) -> None:
+        # A controller metering by the backend's token counter reads it fresh: its readings end at a scrape.
+        fresh = [name for name, control in self.controls.items() if control.accounting.counting_backend]
+        if fresh:
+            await self.scrape(fresh)
         now = self.gateway.clock()
         for name, control in self.controls.items():
             self.tick_one(self.gateway.pool.by_name[name], control, now)
@@ -137,8 +143,7 @@ class ControlLoop:
         state = LimiterState(limit=limiter.limit, inflight=limiter.inflight, peak_inflight=limiter.take_peak(),
                              queue_depth=gateway.queue.depth_for(upstream.name))
         cap = hard_cap(snapshot, upstream, gateway.settings.kv_capacity_tokens, gateway.settings.backend_max_seqs, now)
-        decision = control.tick(now, upstream.window, state, self.headroom(snapshot), hard_cap=cap,
-                                tokens_total=upstream.window.tokens_total)
+        decision = control.tick(now, upstream.window, state, self.headroom(snapshot), hard_cap=cap)
         if decision.limit != limiter.limit:
             limiter.set_limit(decision.limit)
             gateway.queue.dispatch()
@@ -161,6 +166,8 @@ class ControlLoop:
             backend_running=None if snapshot.running is None else int(snapshot.running),
             backend_waiting=None if snapshot.waiting is None else int(snapshot.waiting),
             preemptions_total=snapshot.preemptions_total,
+            generation_tokens_total=snapshot.generation_tokens_total,
+            generation_tokens_live=snapshot.generation_tokens_live,
             backend_at=snapshot.taken_at,
         )
 

@@ -56,7 +56,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_bytes = 0  # bytes received while in a head (a head not complete yet is buffered whole)
-        self._parsed_head = 0  # the current request's request line and headers, as parsed
         self._oversized = False  # the current request's head was complete but too large: not run
         self._in_head = True  # reading a request's head (or waiting for the first byte of one)
         self._head_timer: asyncio.TimerHandle | None = None
@@ -84,22 +83,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
-        self._parsed_head = 0
         self._arm_head_timer()
-
-    def on_url(self, url: bytes) -> None:
-        self._parsed_head += len(url)
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._parsed_head += len(name) + len(value) + 4  # ": " and CRLF
-        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._head_bytes = 0
         self._disarm_head_timer()
-        if self._parsed_head > self.limits.max_header_bytes:
+        # The head as parsed (a head that arrived in one read never trips the running count above).
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if size > self.limits.max_header_bytes:
             self._oversized = True  # refused once the parser returns; the request never reaches the app
             return
         super().on_headers_complete()

@@ -3,7 +3,9 @@ byte and, when it ends, writes a :class:`RequestSample` into its upstream's wind
 
 Streamed tokens are credited to the window as they arrive, then corrected with the usage the upstream
 reports at the end, so the controller sees throughput while long streams are still running and the
-totals still match the backend's own count.
+totals still match the backend's own count. A request that is not streamed is registered with its
+upstream's window while it is in flight and brings its tokens with its sample (the window spreads them
+over its life): readings that overlap it wait for its count (``gateway.control.meter``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class RequestTracker:
     outcome: Outcome | None = None  # how it ended upstream, once finished
     finished: float | None = None
     done: bool = field(default=False, repr=False)
+    _open: tuple[Upstream, int] | None = field(default=None, repr=False)  # where it is registered in flight
 
     def admit(self, upstream: Upstream, admitted: float, queue_wait: float) -> None:
         self.upstream = upstream
@@ -41,8 +44,17 @@ class RequestTracker:
         self.queue_wait = queue_wait
 
     def switch(self, upstream: Upstream) -> None:
-        """The request failed over to another upstream before any byte was streamed."""
+        """The request goes to ``upstream`` now (its first attempt, or a failover before any byte)."""
+        self._close()
         self.upstream = upstream
+        if not self.streamed and self.admitted is not None:
+            self._open = (upstream, upstream.window.opened(self.admitted))
+
+    def _close(self) -> None:
+        if self._open is not None:
+            upstream, key = self._open
+            upstream.window.closed(key)
+            self._open = None
 
     def tokens(self, count: int, now: float) -> None:
         """``count`` output tokens just arrived on the stream."""
@@ -76,12 +88,13 @@ class RequestTracker:
         if self.done or self.upstream is None or self.admitted is None:
             return None
         self.done = True
+        self._close()
         now = self.clock()
         self.outcome, self.finished = outcome, now
         upstream = self.upstream
         output = self.output_tokens if self.output_tokens is not None else self.streamed_tokens
         correction = output - self.streamed_tokens
-        if correction:
+        if correction and self.streamed:  # a whole answer's tokens come with its sample
             upstream.window.add_tokens(now, correction)
         sample = RequestSample(
             arrived=self.arrived,

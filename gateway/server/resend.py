@@ -8,16 +8,20 @@ error on a *fresh* connection means the server took the request and then dropped
 resend could run the generation twice; it is never resent. A refused connection
 (``ClientConnectorError``, itself a ``ClientOSError``) reached nobody and is not a stale connection.
 
-``reuse_tracing`` gives a session the trace hook that tells the two apart (:class:`ConnectionUse`);
-``resend_if_stale`` is the loop for idempotent GETs (the health poll, the benchmark clients), which may be
-resent whatever connection they went out on.
+:class:`ReuseAwareConnector` tells the two apart for a request sent inside :func:`watching_reuse` (a context
+variable carries its :class:`ConnectionUse`, so nothing is added to a request's path but one check in the
+connector: aiohttp's tracing, which could tell it too, costs several awaits per request). ``resend_if_stale``
+is the loop for idempotent GETs (the health poll, the benchmark clients), which may be resent whatever
+connection they went out on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from types import SimpleNamespace
-from typing import TypeVar
+import contextvars
+import weakref
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -27,8 +31,7 @@ T = TypeVar("T")
 
 
 class ConnectionUse:
-    """Filled in by :func:`reuse_tracing`'s hook for one request: whether it went out on a pooled connection.
-    Pass it as the request's ``trace_request_ctx``."""
+    """Whether one request went out on a kept (pooled) connection, filled in by :class:`ReuseAwareConnector`."""
 
     __slots__ = ("reused",)
 
@@ -36,18 +39,36 @@ class ConnectionUse:
         self.reused = False
 
 
-async def _on_reuse(session: aiohttp.ClientSession, context: SimpleNamespace,
-                    params: aiohttp.TraceConnectionReuseconnParams) -> None:
-    use = context.trace_request_ctx
-    if isinstance(use, ConnectionUse):
-        use.reused = True
+_CURRENT: contextvars.ContextVar[ConnectionUse | None] = contextvars.ContextVar("sweetspot_connection_use",
+                                                                              default=None)
 
 
-def reuse_tracing() -> aiohttp.TraceConfig:
-    """A trace config that marks a request's :class:`ConnectionUse` when the pool hands it a kept connection."""
-    trace = aiohttp.TraceConfig()
-    trace.on_connection_reuseconn.append(_on_reuse)
-    return trace
+@contextmanager
+def watching_reuse(use: ConnectionUse) -> Iterator[ConnectionUse]:
+    """Requests sent inside this block (in this task) report their connection's reuse into ``use``."""
+    token = _CURRENT.set(use)
+    try:
+        yield use
+    finally:
+        _CURRENT.reset(token)
+
+
+class ReuseAwareConnector(aiohttp.TCPConnector):
+    """A TCP connector that knows the connections it handed out before: one it hands out again is a reuse."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._handed_out: weakref.WeakSet[object] = weakref.WeakSet()
+
+    async def connect(self, req: Any, traces: Any, timeout: aiohttp.ClientTimeout) -> Any:
+        connection = await super().connect(req, traces, timeout)
+        protocol = connection.protocol
+        use = _CURRENT.get()
+        if use is not None:
+            use.reused = protocol in self._handed_out
+        if protocol is not None:
+            self._handed_out.add(protocol)
+        return connection
 
 
 def is_stale(exc: BaseException, use: ConnectionUse) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from gateway.server.resend import ConnectionUse, is_stale, reuse_tracing
+from gateway.server.resend import ConnectionUse, ReuseAwareConnector, is_stale, watching_reuse
 from gateway.telemetry.metrics import GatewayMetrics
 
 STALE_RETRIES = 2  # resends of a request whose kept connection was found closed (see gateway.server.resend)
@@ -89,14 +89,13 @@ class UpstreamClient:
         if self._session is None:
             # Idle connections are dropped before the servers' own 5 s (uvicorn's under vLLM, cpp-httplib's
             # under llama-server) would close them under a request being written.
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4, enable_cleanup_closed=True)
+            connector = ReuseAwareConnector(limit=0, keepalive_timeout=4, enable_cleanup_closed=True)
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 # One session serves every client: an upstream's cookies must not reach the next client.
                 cookie_jar=aiohttp.DummyCookieJar(),
                 timeout=self._buffered,
                 skip_auto_headers=("User-Agent",),
-                trace_configs=[reuse_tracing()],
             )
         return self._session
 
@@ -119,9 +118,9 @@ class UpstreamClient:
         for tried in range(STALE_RETRIES + 1):
             use = ConnectionUse()
             try:
-                async with asyncio.timeout(headers_timeout_s):
-                    response = await self.session.post(url, data=body, headers=headers, timeout=timeout,
-                                                       trace_request_ctx=use)
+                with watching_reuse(use):
+                    async with asyncio.timeout(headers_timeout_s):
+                        response = await self.session.post(url, data=body, headers=headers, timeout=timeout)
                 break
             except aiohttp.ClientConnectorError as exc:
                 raise UpstreamFailed(f"cannot connect to {name}", not_processed=True, connect_failed=True) from exc

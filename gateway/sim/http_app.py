@@ -30,7 +30,13 @@ from gateway.sim import shapes, text
 from gateway.sim.engine import Engine, InjectedError
 from gateway.sim.exposition import CONTENT_TYPE, VllmMetrics
 from gateway.sim.profiles import Profile
-from gateway.sim.protocol import BadRequest, GenerationRequest, parse_embedding_inputs, parse_generation
+from gateway.sim.protocol import (
+    BadRequest,
+    GenerationRequest,
+    check_model,
+    parse_embedding_inputs,
+    parse_generation,
+)
 from gateway.sim.runner import EngineRunner, Handle
 from gateway.server.serving import serve_app
 
@@ -179,6 +185,39 @@ def create_sim_app(config: SimConfig) -> FastAPI:
             "id": shapes.request_id("embd"), "object": "list", "created": int(time.time()), "model": served,
             "data": data, "usage": shapes.usage(prompt_tokens, 0) | {"prompt_tokens_details": None},
         })
+
+    def relevance(query: str, document: str) -> float:
+        """A cross-encoder's score, faked deterministically: the cosine of the two texts' embeddings."""
+        a, b = text.embedding(query, profile.embedding_dim), text.embedding(document, profile.embedding_dim)
+        return sum(x * y for x, y in zip(a, b))
+
+    @app.post("/v1/rerank")
+    async def rerank(request: Request) -> Response:
+        """vLLM's rerank API (a cross-encoder served with it): documents by relevance to the query."""
+        body = await _json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("query"), str) or not body.get("documents"):
+            raise BadRequest("rerank needs a query and documents")
+        check_model(body, served)
+        query, documents = body["query"], [str(d) for d in body["documents"]]
+        scored = sorted(((relevance(query, doc), i, doc) for i, doc in enumerate(documents)), reverse=True)
+        tokens = sum(text.text_tokens(query) + text.text_tokens(doc) for doc in documents)
+        return JSONResponse({"id": shapes.request_id("rerank"), "model": served, "usage": {"total_tokens": tokens},
+                             "results": [{"index": i, "document": {"text": doc}, "relevance_score": score}
+                                         for score, i, doc in scored]})
+
+    @app.post("/v1/score")
+    async def score(request: Request) -> Response:
+        """vLLM's score API: text_1 against each of text_2."""
+        body = await _json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("text_1"), str) or body.get("text_2") is None:
+            raise BadRequest("score needs text_1 (a string) and text_2")
+        check_model(body, served)
+        second = body["text_2"] if isinstance(body["text_2"], list) else [body["text_2"]]
+        tokens = sum(text.text_tokens(body["text_1"]) + text.text_tokens(str(t)) for t in second)
+        return JSONResponse({"id": shapes.request_id("score"), "object": "list", "model": served,
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                             "data": [{"index": i, "object": "score", "score": relevance(body["text_1"], str(t))}
+                                      for i, t in enumerate(second)]})
 
     stored: OrderedDict[str, dict[str, Any]] = OrderedDict()  # responses kept for previous_response_id / GET
 

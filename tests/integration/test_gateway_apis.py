@@ -167,3 +167,24 @@ def test_a_listed_passthrough_path_reaches_the_backend(module_processes, llama) 
     assert slots.status_code == 200 and [s["id"] for s in slots.json()] == [s["id"] for s in direct]
     assert httpx.get(f"{gw}/props", timeout=30).status_code == 200
     assert httpx.get(f"{gw}/health/ready", timeout=30).status_code == 404  # not listed
+
+
+def test_rerank_and_score_take_a_permit_and_are_measured(processes) -> None:
+    """vLLM serves rerank and score for a cross-encoder (the simulator stands in): admitted like generation,
+    their usage counted as prompt tokens, the permit back."""
+    sim = start_sim(processes, time_scale=20.0)
+    gw = start_gateway(processes, [sim.url], "--no-control").url
+    model = str(get_json(f"{sim.url}/v1/models")["data"][0]["id"])
+    ranked = httpx.post(f"{gw}/v1/rerank", json={"model": model, "query": "cats", "documents": ["dogs", "cats"]},
+                        timeout=30).json()
+    assert sorted(r["index"] for r in ranked["results"]) == [0, 1] and ranked["usage"]["total_tokens"] > 0
+    scored = httpx.post(f"{gw}/v1/score", json={"model": model, "text_1": "cats", "text_2": ["dogs", "cats"]},
+                        timeout=30).json()
+    assert len(scored["data"]) == 2
+    missing = httpx.post(f"{gw}/v1/rerank", json={"model": model, "query": "cats"}, timeout=30)
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "documents"
+    for route in ("/v1/rerank", "/v1/score"):
+        assert metric_value(f"{gw}/metrics", "sweetspot_requests_total", {"route": route, "status": "200"}) == 1
+    prompt = metric_value(f"{gw}/metrics", "sweetspot_prompt_tokens_total")
+    assert prompt is not None and prompt >= ranked["usage"]["total_tokens"]
+    assert [u["inflight"] for u in get_json(f"{gw}/state")["upstreams"]] == [0]

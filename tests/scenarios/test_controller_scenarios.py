@@ -64,3 +64,11 @@ def test_the_checks_can_fail() -> None:
     [result] = run(scenario, AimdConfig(knee_fraction=0.5, knee_margin=0.0))
     assert not result.ok
     assert any("goodput" in failure for failure in result.failures)
+
+
+def test_whole_answers_counted_when_they_end_fail_the_checks() -> None:
+    """What the gateway did before it spread whole answers over their lives: a reading held whichever
+    answers happened to end in it, and the limit fell far under the knee. The scenarios must catch that."""
+    [result] = run(by_name("whole_without_counter"), count_at_end=True)
+    assert not result.ok
+    assert result.goodput_ratio is not None and result.goodput_ratio < 0.8

@@ -125,6 +125,7 @@ def vllm_snapshot(samples: Samples, taken_at: float) -> BackendSnapshot:
         preemptions_total=_total(samples, VLLM_PREEMPTIONS),
         prompt_tokens_total=_total(samples, ["vllm:prompt_tokens_total"]),
         generation_tokens_total=_total(samples, ["vllm:generation_tokens_total"]),
+        generation_tokens_live=True,  # counted per engine step (iteration stats), not per finished request
         itl_seconds_sum=itl_sum,
         itl_count=itl_count,
         ttft_seconds_sum=ttft_sum,
@@ -143,7 +144,8 @@ def llama_snapshot(
 
     ``llamacpp:tokens_predicted_seconds_total`` adds up every slot's generation time, so divided by
     ``tokens_predicted_total`` it is the mean time between tokens *of one stream*: the ITL. Both are
-    added when a request ends, not per token, so they lag long generations.
+    added when a request ends, not per token, so they lag long generations (``generation_tokens_live``
+    stays False: the gateway's own count of a whole answer is as good).
     """
     s = samples or {}
     busy = sum(1 for slot in slots if slot.get("is_processing")) if slots is not None else None

@@ -41,6 +41,9 @@ class BackendSnapshot:
     # cumulative counters
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
+    # whether generation_tokens_total moves as tokens are made (vLLM: per engine step) rather than when
+    # a request ends (llama-server): only a live counter meters throughput better than the gateway can
+    generation_tokens_live: bool = False
     # inter-token latency as (sum of seconds, count): rate() them between two snapshots for a mean
     itl_seconds_sum: float | None = None
     itl_count: float | None = None

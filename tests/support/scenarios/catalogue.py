@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gateway.control.algorithm import LimitAlgorithm, Reason
 from gateway.control.config import AimdConfig, StartPoint
@@ -59,6 +59,8 @@ SHORT = Workload(prompt=(256, 768), output=(64, 256))
 LONG = Workload(prompt=(256, 768), output=(768, 1536))
 DEMO = Workload(prompt=(256, 256), output=(64, 192))  # `sweetspot demo`'s
 TINY = Workload(prompt=(256, 256), output=(16, 48))  # many requests a second: arrivals in every step
+WHOLE = replace(CHAT, streamed=0.0)  # nobody streams: tokens show only when a request ends
+MIXED = replace(CHAT, streamed=0.5)
 OVERLOAD = (80,)
 FULL = ("converge", "goodput", "tpot")
 
@@ -145,6 +147,36 @@ SCENARIOS: tuple[Scenario, ...] = (
              sweep=Conditions(OVERLOAD, DEMO)),
     Scenario("two_gateways", "two gateways, 40 clients each, share one backend",
              QWEN, (Phase("shared", 240, Conditions((40, 40), CHAT), ("fair", "goodput", "tpot")),)),
+    # Non-streamed and mixed traffic: the gateway sees a whole answer's tokens only when it ends, and the
+    # backend's live counter as a scrape reads it.
+    Scenario("whole_steady_overload", "80 clients, none streaming, against one backend",
+             QWEN, (Phase("overload", 240, Conditions(OVERLOAD, WHOLE)),)),
+    Scenario("whole_load_steps", "non-streamed load steps down below the knee and back up",
+             QWEN, (Phase("high", 150, Conditions(OVERLOAD, WHOLE)),
+                    Phase("low", 90, Conditions((12,), WHOLE), ("no_drift", "goodput")),
+                    Phase("high again", 150, Conditions(OVERLOAD, WHOLE)))),
+    Scenario("whole_backend_slowdown", "non-streamed; the backend runs 2x slower for a while, then recovers",
+             QWEN, (Phase("normal", 150, Conditions(OVERLOAD, WHOLE)),
+                    Phase("2x slower", 150, Conditions(OVERLOAD, WHOLE, speed_factor=2.0)),
+                    Phase("recovered", 150, Conditions(OVERLOAD, WHOLE)))),
+    Scenario("whole_tight_kv", "non-streamed; KV cache full before the compute knee",
+             LLAMA_TIGHT_KV, (Phase("overload", 240, Conditions(OVERLOAD, WHOLE), (*FULL, "below_onset")),)),
+    Scenario("mixed_steady_overload", "80 clients, half of the requests streamed",
+             QWEN, (Phase("overload", 240, Conditions(OVERLOAD, MIXED)),)),
+    Scenario("mixed_two_gateways", "two gateways, 40 clients each, half of the requests streamed: each takes "
+             "its share of the backend's counter",
+             QWEN, (Phase("shared", 240, Conditions((40, 40), MIXED), ("fair", "goodput", "tpot")),)),
+    # Without a live counter (llama-server counts when requests end) only the gateway's own count is left:
+    # each whole answer spread over its life, a reading final once its requests ended. A step then takes
+    # a request's life longer to judge, so convergence is not asserted (see docs/controller.md).
+    Scenario("whole_without_counter", "80 clients, none streaming, a backend without a live token counter "
+             "(llama-server): the gateway's own count, each answer spread over its life",
+             QWEN, (Phase("overload", 240, Conditions(OVERLOAD, WHOLE, backend_counter=False),
+                          ("goodput", "tpot")),)),
+    Scenario("mixed_without_counter", "80 clients, half of the requests streamed, a backend without a live "
+             "token counter: streamed tokens as they come, whole answers spread over their lives",
+             QWEN, (Phase("overload", 240, Conditions(OVERLOAD, MIXED, backend_counter=False),
+                          ("goodput", "tpot")),)),
 )
 
 
@@ -185,12 +217,12 @@ def _convergence(limits: list[tuple[float, int]], start: float, band: tuple[floa
 
 def run(scenario: Scenario, config: AimdConfig | None = None, *, algorithm: Callable[[], LimitAlgorithm] | None = None,
         static_limit: int | None = None, control_interval_s: float = 2.0, scrape_interval_s: float = 2.0,
-        ) -> list[PhaseResult]:
+        count_at_end: bool = False) -> list[PhaseResult]:
     """Simulate ``scenario`` with the controller and judge every phase against its oracle.
 
     ``algorithm`` (a factory, one per gateway) or ``static_limit`` run something else in the
     controller's place, judged the same way: the comparison baselines (``bench/baselines.py``). They
-    may tick and scrape at their own reference's pace."""
+    may tick and scrape at their own reference's pace. ``count_at_end``: see :class:`Harness`."""
     config = config or AimdConfig()
     profile = get_profile(scenario.profile)
     gateways = len(scenario.phases[0].conditions.clients)
@@ -199,7 +231,8 @@ def run(scenario: Scenario, config: AimdConfig | None = None, *, algorithm: Call
         start_point = sweep_start(scenario.profile, scenario.sweep, config, scenario.seed, scenario.sweep_levels)
     harness = Harness(profile, config, gateways=gateways, seed=scenario.seed, initial_limit=scenario.initial_limit,
                       start=start_point, algorithm=algorithm, static_limit=static_limit,
-                      control_interval_s=control_interval_s, scrape_interval_s=scrape_interval_s)
+                      control_interval_s=control_interval_s, scrape_interval_s=scrape_interval_s,
+                      count_at_end=count_at_end)
     results = []
     for phase in scenario.phases:
         start = harness.now

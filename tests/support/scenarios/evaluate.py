@@ -14,7 +14,7 @@ tokens/s, tokens spread evenly over each request's streaming time and counted in
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from gateway.control.config import AimdConfig
@@ -129,11 +129,14 @@ def oracle(profile_name: str, conditions: Conditions, config: AimdConfig, seed: 
     best are exact for any curve that rises smoothly to its peak.
 
     Conditions with several gateways are simulated as one gateway holding all their clients: the
-    oracle is the best the *backend* can do. Only the objectives of ``config`` matter to it. Cached for
-    the session (conditions are frozen values), so scenarios that share conditions share the work.
+    oracle is the best the *backend* can do. Only the objectives of ``config`` matter to it, and how the
+    gateway sees the tokens (streamed or whole answers) does not: a static limit does not read them, and
+    goodput is judged on what the backend did. Cached for the session (conditions are frozen values), so
+    scenarios that share conditions share the work.
     """
     single = Conditions(
-        clients=(sum(conditions.clients),), workload=conditions.workload, speed_factor=conditions.speed_factor,
+        clients=(sum(conditions.clients),), workload=replace(conditions.workload, streamed=1.0),
+        speed_factor=conditions.speed_factor,
         error_rate=conditions.error_rate, metrics="live",
     )
     objectives = AimdConfig(ttft_p99_slo_s=config.ttft_p99_slo_s, tpot_p99_slo_s=config.tpot_p99_slo_s)

@@ -3,10 +3,13 @@ the simulator's pure engine, with the controller ticking as it does in the gatew
 
 It exists so the controller can be judged on *outcomes* (where the limit settles, the goodput it
 gets) in seconds of CPU, deterministically, against the same continuous-batching engine the HTTP
-simulator runs. Each gateway here is fed exactly as the real proxy feeds its window: output tokens
-credited as each engine step delivers them, one :class:`RequestSample` when a request ends, and the
-limiter's numbers (limit, in-flight, peak in-flight since the last tick, queue depth) at each tick.
-The backend's ``/metrics`` are "scraped" every ``scrape_interval_s`` and can be frozen (stale).
+simulator runs. Each gateway here is fed exactly as the real proxy feeds its window: a streamed
+request's output tokens credited as each engine step delivers them, a non-streamed one registered while
+in flight and its tokens visible only in its :class:`RequestSample` when it ends, and the limiter's
+numbers (limit, in-flight, peak in-flight since the last tick, queue depth) at each tick. The backend's
+``/metrics`` (including its generated-token counter, live per step as vLLM's, or absent) are "scraped"
+every ``scrape_interval_s`` and can be frozen (stale). The trace keeps what the backend really did (a
+non-streamed request's first token too), so goodput is judged on the same facts for every kind of traffic.
 
 Used by the scenario tests, ``bench/controller_scenarios.py`` and anything else that wants to watch
 the controller work without a network. It imports :mod:`gateway.sim`, so the gateway itself never
@@ -20,7 +23,7 @@ import itertools
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gateway.control.algorithm import LimitAlgorithm, RequestObserver
 from gateway.control.config import AimdConfig, StartPoint
@@ -35,14 +38,22 @@ RETRY_AFTER_ERROR_S = 1.0  # a client whose request failed tries again after thi
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """Request sizes, uniform in [lo, hi] (tokens), and each client's pause between requests."""
+    """Request sizes, uniform in [lo, hi] (tokens), each client's pause between requests, and the share of
+    requests that are streamed (the rest get their answer whole)."""
 
     prompt: tuple[int, int] = (512, 512)
     output: tuple[int, int] = (512, 512)
     think_s: float = 0.0
+    streamed: float = 1.0
 
     def draw(self, rng: random.Random) -> tuple[int, int]:
         return rng.randint(*self.prompt), rng.randint(*self.output)
+
+    def draw_streamed(self, rng: random.Random) -> bool:
+        """Drawn only for a mix: all-streamed and all-whole runs keep their random sequence."""
+        if self.streamed >= 1.0 or self.streamed <= 0.0:
+            return self.streamed >= 1.0
+        return rng.random() < self.streamed
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +72,10 @@ class Conditions:
     # reports it per step). With 0 it is submitted at the step end that freed its permit, and the
     # engine admits it before anyone could look.
     hop_s: float = 0.0
+    # Whether the backend's /metrics carry a generated-token counter that moves per engine step (vLLM's
+    # ``generation_tokens_total``); without one (llama-server counts when requests end) the gateway has
+    # only its own count.
+    backend_counter: bool = True
 
 
 @dataclass(slots=True)
@@ -111,6 +126,8 @@ class _Request:
     admitted: float = 0.0
     first_token: float | None = None
     tokens: int = 0
+    streamed: bool = True
+    open_key: int | None = None  # registered in flight with the gateway's window (non-streamed)
     inflight_at_admit: int = 0
 
 
@@ -150,8 +167,12 @@ class Harness:
         scrape_interval_s: float = 2.0,
         hard_cap: int | None = None,
         algorithm: Callable[[], LimitAlgorithm] | None = None,
+        count_at_end: bool = False,
     ) -> None:
         self.profile = profile
+        # Meter every token when it becomes visible to the gateway (a whole answer's at its end), as the
+        # gateway did before it spread them: only for showing that the checks catch that.
+        self.count_at_end = count_at_end
         self.config = config
         self.engine = Engine(profile, seed=seed)
         self.rng = random.Random(seed * 7919 + 17)
@@ -248,9 +269,10 @@ class Harness:
             return
         assert self.conditions is not None
         prompt, output = self.conditions.workload.draw(self.rng)
+        streamed = self.conditions.workload.draw_streamed(self.rng)
         self._busy[g].add(client)
         gw = self.gateways[g]
-        request = _Request(g, client, prompt, output, arrived=self.now)
+        request = _Request(g, client, prompt, output, arrived=self.now, streamed=streamed)
         gw.queue.append(request)
         self._dispatch(gw)
 
@@ -258,6 +280,8 @@ class Harness:
         while gw.queue and gw.inflight < gw.limit:
             request = gw.queue.popleft()
             request.admitted = self.now
+            if not request.streamed:
+                request.open_key = gw.window.opened(self.now)
             gw.inflight += 1
             request.inflight_at_admit = gw.inflight
             gw.peak = max(gw.peak, gw.inflight)
@@ -283,10 +307,14 @@ class Harness:
             first_token=request.first_token, prompt_tokens=request.prompt,
             output_tokens=request.tokens, outcome=outcome,
         )
-        gw.window.add(sample)
+        # What the gateway sees of a whole answer: no first token, every token at the end.
+        seen = sample if request.streamed else replace(sample, first_token=None, streamed=False)
+        gw.window.add(seen)
+        if request.open_key is not None:
+            gw.window.closed(request.open_key)
         self.trace.finished.append(Finished(request.gateway, sample))
         if gw.control is not None and isinstance(gw.control.algorithm, RequestObserver):
-            gw.limit = gw.control.algorithm.on_request(self.now, sample, request.inflight_at_admit, gw.inflight)
+            gw.limit = gw.control.algorithm.on_request(self.now, seen, request.inflight_at_admit, gw.inflight)
         self._busy[request.gateway].discard(request.client)
         assert self.conditions is not None
         pause = self.conditions.workload.think_s if outcome is Outcome.OK else RETRY_AFTER_ERROR_S
@@ -303,7 +331,8 @@ class Harness:
             if request.first_token is None:
                 request.first_token = self.now
             request.tokens += 1
-            credited[request.gateway] = credited.get(request.gateway, 0) + 1
+            if request.streamed:
+                credited[request.gateway] = credited.get(request.gateway, 0) + 1
         for g, count in credited.items():
             gw = self.gateways[g]
             gw.window.add_tokens(self.now, count)
@@ -321,11 +350,18 @@ class Harness:
         engine = self.engine
         self.trace.kv_usage.append((self.now, engine.kv_usage))
         self.trace.waiting.append((self.now, engine.num_waiting))
+        self._read_backend()
+
+    def _read_backend(self) -> None:
+        engine = self.engine
         mode = self.conditions.metrics if self.conditions is not None else "live"
+        counter = self.conditions is None or self.conditions.backend_counter
         if mode == "live":
             self._headroom = Headroom(
                 kv_usage=engine.kv_usage, backend_running=engine.num_running,
                 backend_waiting=engine.num_waiting, preemptions_total=float(engine.num_preemptions),
+                generation_tokens_total=float(engine.generation_tokens_total) if counter else None,
+                generation_tokens_live=counter,
                 backend_at=self.now,
             )
         elif mode == "none":
@@ -337,10 +373,12 @@ class Harness:
         limiter = LimiterState(gw.limit, gw.inflight, max(gw.peak, gw.inflight), len(gw.queue))
         gw.peak = gw.inflight
         action = reason = "static"
+        if gw.control is not None and gw.control.accounting.counting_backend:
+            self._read_backend()  # as the gateway does when it meters by the backend's counter
         if gw.control is not None:
             decision = gw.control.tick(
                 self.now, gw.window, limiter, self._headroom,
-                hard_cap=self.hard_cap,
+                hard_cap=self.hard_cap, tokens_total=gw.window.tokens_total if self.count_at_end else None,
             )
             action, reason = decision.action.value, decision.reason.value
             if decision.limit != gw.limit:
