@@ -207,3 +207,17 @@ def test_the_gateway_routes_by_prefix_only_when_there_is_a_choice() -> None:
     assert bounded.metrics.registry.get_sample_value("sweetspot_routing_prefix_map_entries") == 3
     assert bounded.metrics.registry.get_sample_value("sweetspot_routing_decisions_total",
                                                      {"reason": REASON_NO_PREFIX}) == 1
+
+
+def test_the_random_baseline_ignores_affinity_but_counts_what_it_hits() -> None:
+    from gateway.server.routing import REASON_RANDOM, RandomRouter
+
+    recorder = Recorder()
+    router = RandomRouter(PrefixMap(max_entries=1000, ttl_s=60.0, clock=FakeClock()), seed=1, observer=recorder)
+    targets = ups("a", "b", "c", "d")
+    hint = router.hint(chat("the same conversation " * 100))
+    chosen = {router.choose(targets, hint).name for _ in range(40)}
+    assert len(chosen) > 2  # affinity would have kept it on one upstream
+    assert {d[0] for d in recorder.decisions} == {REASON_RANDOM}
+    assert any(hit == chunks for _, _, chunks, hit in recorder.decisions)  # landing where it was: a full hit
+    assert any(hit == 0 for _, _, _, hit in recorder.decisions[1:]) or len(chosen) == 4
