@@ -178,6 +178,28 @@ class Settings(BaseSettings, ControllerKnobs):
     initial_limit: int = Field(
         8, ge=1, description="Concurrency limit per upstream at start (or always, with the controller off)."
     )
+    routing: Literal["prefix", "least_loaded", "random"] = Field(
+        "prefix",
+        description="How a request picks among several upstreams that serve its model and have room: `prefix` "
+        "prefers the one that recently served the longest prefix of its prompt (its prefix cache skips that "
+        "prefill), weighed against load; `least_loaded` takes the most free permits; `random` any with room (a "
+        "baseline for benchmarks). With one upstream there is nothing to choose. docs/gateway.md says why.",
+    )
+    routing_load_weight: float = Field(
+        1.0, ge=0,
+        description="Prefix routing's price of load: an upstream's score is the share of the prompt it holds minus "
+        "this times its in-flight/limit. 0: affinity always wins among upstreams with room.",
+    )
+    routing_prefix_map_max: int = Field(
+        200_000, ge=1,
+        description="Prompt-prefix chunks (256 characters each) remembered with the upstreams that served them; "
+        "the least recently used are forgotten first. About 250 bytes each.",
+    )
+    routing_prefix_ttl_s: float = Field(
+        600.0, gt=0,
+        description="How long a served prefix is taken to stay in an upstream's cache (backends evict under "
+        "memory pressure; a stale guess only costs one cache miss).",
+    )
     sweep_result: Path | None = Field(
         None, description="A `sweetspot sweep` JSON result: the controller starts at its sweet spot."
     )

@@ -21,6 +21,7 @@ def serve(
     initial_limit: Annotated[Optional[int], typer.Option(help="Concurrency limit per upstream at start.")] = None,
     max_queue: Annotated[Optional[int], typer.Option(help="Queue size before 429.")] = None,
     queue_timeout_s: Annotated[Optional[float], typer.Option(help="Queue wait before 503.")] = None,
+    routing: Annotated[Optional[str], typer.Option(help="prefix, least_loaded or random (several upstreams).")] = None,
     control: Annotated[Optional[bool], typer.Option("--control/--no-control", help="AIMD controller on/off.")] = None,
     sweep_result: Annotated[Optional[Path], typer.Option(help="`sweetspot sweep` JSON: start at its sweet spot.")] = None,
     log_level: Annotated[Optional[str], typer.Option(help="debug, info, warning or error.")] = None,
@@ -42,6 +43,7 @@ def serve(
         max_queue=max_queue,
         queue_timeout_s=queue_timeout_s,
         control_enabled=control,
+        routing=routing,
         sweep_result=sweep_result,
         log_level=log_level,
         )

@@ -23,6 +23,7 @@ def sim(
     list_profiles: bool = typer.Option(False, "--list-profiles", help="Print the profiles and exit."),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
     api_key: str | None = typer.Option(None, help="Require this bearer key on /v1/* (like vLLM's --api-key)."),
+    prefix_caching: bool = typer.Option(True, help="Automatic prefix caching, vLLM V1's default."),
 ) -> None:
     """Serve an OpenAI-compatible, vLLM-shaped simulator whose throughput curve has a knee and a cliff."""
     import dataclasses
@@ -48,5 +49,5 @@ def sim(
     from gateway.sim.http_app import SimConfig, serve
 
     config = SimConfig(profile=chosen, model_name=model_name, time_scale=time_scale, seed=seed, admin=admin,
-                       eos_mean_tokens=eos_mean_tokens, api_key=api_key)
+                       eos_mean_tokens=eos_mean_tokens, api_key=api_key, prefix_caching=prefix_caching)
     serve(config, host=host, port=port, log_level=log_level)

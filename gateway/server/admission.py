@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 
 class Limiter:
@@ -135,10 +135,14 @@ class _Waiter(Generic[T]):
     eligible: Collection[str] | None = field(compare=False)
     enqueued: float = field(compare=False)
     gone: bool = field(default=False, compare=False)  # left the queue: admitted, timed out or cancelled
+    hint: Any = field(default=None, compare=False)  # what ``choose`` knows of the request (None: most free)
 
 
 class AdmissionQueue(Generic[T]):
-    """Hands out permits on a set of targets (upstreams), queueing up to ``max_queue`` requests."""
+    """Hands out permits on a set of targets (upstreams), queueing up to ``max_queue`` requests.
+
+    ``choose`` (optional) picks among the targets that can take a request now, for requests that carry a
+    ``hint`` (:mod:`gateway.server.routing`); without either, the one with the most free permits."""
 
     def __init__(
         self,
@@ -147,6 +151,7 @@ class AdmissionQueue(Generic[T]):
         max_queue: int,
         clock: Callable[[], float] = time.monotonic,
         drain_horizon_s: float = 30.0,
+        choose: Callable[[list[T], Any], T] | None = None,
     ) -> None:
         self.targets: dict[str, T] = {target.name: target for target in targets}
         self.max_queue = max_queue
@@ -157,6 +162,7 @@ class AdmissionQueue(Generic[T]):
         self._releases: deque[float] = deque()  # release times within the drain horizon
         self._drain_horizon_s = drain_horizon_s
         self._closed: Callable[[], AdmissionError] | None = None
+        self.choose = choose
 
     # --- state -----------------------------------------------------------------------------------
     @property
@@ -196,7 +202,10 @@ class AdmissionQueue(Generic[T]):
             return list(self.targets.values())
         return [self.targets[name] for name in eligible if name in self.targets]
 
-    def _best(self, eligible: Collection[str] | None) -> T | None:
+    def _best(self, eligible: Collection[str] | None, hint: Any = None) -> T | None:
+        if hint is not None and self.choose is not None:
+            available = [target for target in self._candidates(eligible) if _available(target)]
+            return self.choose(available, hint) if available else None
         best: T | None = None
         for target in self._candidates(eligible):
             if _available(target) and (best is None or target.limiter.free > best.limiter.free):
@@ -209,7 +218,7 @@ class AdmissionQueue(Generic[T]):
 
     # --- acquiring -------------------------------------------------------------------------------
     async def acquire(
-        self, *, priority: int = 0, eligible: Collection[str] | None = None, timeout_s: float
+        self, *, priority: int = 0, eligible: Collection[str] | None = None, timeout_s: float, hint: Any = None
     ) -> Permit[T]:
         """Wait for a permit on one of the ``eligible`` upstreams (all when None).
 
@@ -223,7 +232,7 @@ class AdmissionQueue(Generic[T]):
         if not any(target.healthy for target in candidates):
             raise NoHealthyUpstream("no healthy upstream serves this request", retry_after_s=2)
         if self._waiting == 0:
-            target = self._best(eligible)
+            target = self._best(eligible, hint)
             if target is not None:
                 return self._grant(target)
         if self._waiting >= self.max_queue:
@@ -231,7 +240,8 @@ class AdmissionQueue(Generic[T]):
                 f"the gateway's queue is full ({self.max_queue} waiting)", retry_after_s=self.retry_after()
             )
         loop = asyncio.get_running_loop()
-        waiter: _Waiter[T] = _Waiter((-priority, next(self._seq)), loop.create_future(), eligible, self._clock())
+        waiter: _Waiter[T] = _Waiter((-priority, next(self._seq)), loop.create_future(), eligible, self._clock(),
+                                     hint=hint)
         heapq.heappush(self._heap, waiter)
         self._waiting += 1
         try:
@@ -299,7 +309,7 @@ class AdmissionQueue(Generic[T]):
             waiter = heapq.heappop(self._heap)
             if waiter.gone:
                 continue
-            target = self._best(waiter.eligible)
+            target = self._best(waiter.eligible, waiter.hint)
             if target is None:
                 skipped.append(waiter)
                 if not any(_available(t) for t in self.targets.values()):

@@ -11,6 +11,7 @@ from gateway.control.window import SlidingWindow
 from gateway.server.admission import AdmissionQueue, Limiter
 from gateway.server.drain import DrainState
 from gateway.server.response_affinity import ResponseAffinity
+from gateway.server.routing import MetricsObserver, PrefixMap, PrefixRouter, RandomRouter
 from gateway.server.upstream_client import UpstreamClient
 from gateway.server.upstreams import Upstream, UpstreamPool
 from gateway.settings import Settings
@@ -27,6 +28,7 @@ class Gateway:
     clock: Callable[[], float] = time.monotonic
     drain: DrainState = field(default_factory=DrainState)
     responses: ResponseAffinity = field(init=False)  # which upstream created each stored response
+    router: PrefixRouter | None = None  # None: least-loaded routing (the setting, or a single upstream)
     client_keys: tuple[bytes, ...] = field(init=False)  # keys as bytes, once: compared with raw header bytes
     admin_key: bytes | None = field(init=False)
 
@@ -47,7 +49,16 @@ class Gateway:
                      public_name=f"upstream-{index}")
             for index, url in enumerate(settings.upstreams, start=1)
         ]
-        queue = AdmissionQueue(upstreams, max_queue=settings.max_queue, clock=clock)
+        router: PrefixRouter | None = None
+        if settings.routing != "least_loaded" and len(upstreams) > 1:
+            prefixes = PrefixMap(max_entries=settings.routing_prefix_map_max, ttl_s=settings.routing_prefix_ttl_s,
+                                 clock=clock)
+            observer = MetricsObserver(metrics)
+            router = (RandomRouter(prefixes, observer=observer) if settings.routing == "random" else
+                      PrefixRouter(prefixes, load_weight=settings.routing_load_weight, observer=observer))
+            metrics.routing_prefix_map_entries.set_function(lambda: len(prefixes))
+        queue = AdmissionQueue(upstreams, max_queue=settings.max_queue, clock=clock,
+                               choose=None if router is None else router.choose)
         client = UpstreamClient(
             connect_timeout_s=settings.connect_timeout_s,
             total_timeout_s=settings.upstream_timeout_s,
@@ -56,4 +67,4 @@ class Gateway:
         )
         metrics.info.info({"version": __version__})
         metrics.queue_capacity.set(settings.max_queue)
-        return cls(settings, UpstreamPool(upstreams), queue, client, metrics, clock)
+        return cls(settings, UpstreamPool(upstreams), queue, client, metrics, clock, router=router)

@@ -17,7 +17,12 @@ rules, not from a formula:
   to the front of the waiting queue, and when it runs again it must prefill its prompt *and* the
   tokens it already produced (those tokens were delivered and stay delivered);
 * waiting sequences are admitted first-come-first-served while there is budget, a free slot under
-  ``max_num_seqs`` and room for their blocks, and only in steps without preemption.
+  ``max_num_seqs`` and room for their blocks, and only in steps without preemption;
+* prefix caching (vLLM's automatic prefix caching, on by default): a request submitted with the chained
+  hashes of its prompt's full blocks starts from the longest run of leading blocks already cached, so
+  prefill skips them; filled prompt blocks are shared between sequences, stay cached after their last user
+  finishes and are evicted, least recently freed first, when an allocation needs their room
+  (:mod:`gateway.sim.prefix_cache`). A request without hashes neither hits nor fills the cache.
 
 Stepping is cheap on purpose: a sequence is one small slotted object, a step is one pass over the
 running list, and nothing is allocated per token.
@@ -29,6 +34,7 @@ import math
 import random
 from collections import deque
 
+from gateway.sim.prefix_cache import PrefixCache
 from gateway.sim.profiles import Profile
 from gateway.sim.records import (
     FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, FINISHED, RUNNING, WAITING, Sequence, StepResult,
@@ -49,7 +55,8 @@ class Engine:
     All randomness comes from ``seed``, so a run is reproducible from its inputs.
     """
 
-    def __init__(self, profile: Profile, *, seed: int = 0, eos_mean_tokens: float | None = None) -> None:
+    def __init__(self, profile: Profile, *, seed: int = 0, eos_mean_tokens: float | None = None,
+                 prefix_caching: bool = True) -> None:
         profile.validate()
         self.profile = profile
         self.eos_mean_tokens = eos_mean_tokens
@@ -62,6 +69,8 @@ class Engine:
         self._block_size = profile.block_size
         self.total_blocks = profile.num_gpu_blocks
         self.used_blocks = 0
+        self.prefix_caching = prefix_caching
+        self.cache = PrefixCache()
         self.scenario = Scenario()
         self.busy_until = float("-inf")  # end of the last step
         # counters, monotonic like vLLM's Prometheus counters
@@ -69,10 +78,16 @@ class Engine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.steps_total = 0
+        self.prefix_queries_total = 0  # prompt tokens looked up in the prefix cache (vLLM's counter)
+        self.prefix_hits_total = 0  # of those, tokens found cached
 
     # ------------------------------------------------------------------ requests
-    def submit(self, prompt_tokens: int, max_tokens: int, now: float, *, ignore_eos: bool = False) -> int:
-        """Queue a request; returns its sequence id. Raises :class:`InjectedError` per the error rate."""
+    def submit(self, prompt_tokens: int, max_tokens: int, now: float, *, ignore_eos: bool = False,
+               block_hashes: tuple[int, ...] = ()) -> int:
+        """Queue a request; returns its sequence id. Raises :class:`InjectedError` per the error rate.
+
+        ``block_hashes`` are the chained hashes of the prompt's full blocks
+        (:func:`gateway.sim.text.block_hashes`): what makes the request's prefix findable in the cache."""
         if prompt_tokens < 1 or max_tokens < 1:
             raise ValueError("prompt_tokens and max_tokens must be >= 1")
         if prompt_tokens + max_tokens > self.profile.max_model_len:
@@ -90,7 +105,8 @@ class Engine:
             target = min(max_tokens, draw)
         sid = self._next_id
         self._next_id += 1
-        seq = Sequence(sid, prompt_tokens, max_tokens, target, now)
+        hashes = block_hashes[: prompt_tokens // self._block_size] if self.prefix_caching else ()
+        seq = Sequence(sid, prompt_tokens, max_tokens, target, now, hashes)
         self._seqs[sid] = seq
         self._waiting.append(seq)
         return sid
@@ -210,7 +226,7 @@ class Engine:
             n = seq.prompt_len + seq.generated - seq.computed
             if n > budget:
                 n = budget
-            need = self._state_blocks + -(-(seq.computed + n) // bs) - seq.blocks
+            need = self._state_blocks + -(-(seq.computed + n) // bs) - seq.blocks - len(seq.cached)
             while need > self.total_blocks - self.used_blocks:
                 victim = running.pop()
                 if victim is seq and not running:
@@ -241,10 +257,15 @@ class Engine:
             waiting = self._waiting
             while waiting and budget > 0 and len(running) < limit:
                 seq = waiting[0]
-                n = seq.prompt_len + seq.generated
+                total = seq.prompt_len + seq.generated
+                hit = revived = 0
+                if seq.hashes:  # vLLM computes at least one token: a fully cached prompt redoes its last
+                    hit, revived = self.cache.match(seq.hashes, (total - 1) // bs)
+                n = total - hit * bs
                 if n > budget:
                     n = budget
-                need = self._state_blocks + -(-n // bs)
+                own = self._state_blocks + -(-(hit * bs + n) // bs) - hit
+                need = own + revived
                 if need > self.total_blocks - self.used_blocks:
                     if not running and need > self.total_blocks:
                         waiting.popleft()  # can never fit: fail it rather than hang
@@ -256,14 +277,23 @@ class Engine:
                 seq.state = RUNNING
                 if seq.scheduled_at is None:
                     seq.scheduled_at = start
-                self.used_blocks += need
-                seq.blocks = need
+                for h in seq.hashes[:hit]:
+                    self.used_blocks += self.cache.acquire(h)
+                seq.cached = list(seq.hashes[:hit])
+                seq.computed = seq.cached_tokens = hit * bs
+                if seq.hashes:
+                    self.prefix_queries_total += total
+                    self.prefix_hits_total += hit * bs
+                self.used_blocks += own
+                seq.blocks = own
                 running.append(seq)
                 budget -= n
                 scheduled.append((seq, n))
-                kv += n
+                kv += seq.computed + n
                 prefill += n
 
+        if self.cache.free_blocks:
+            self.cache.evict(self.total_blocks - self.used_blocks)
         if not scheduled:
             return None if not res.finished and not res.preempted else res
 
@@ -277,6 +307,8 @@ class Engine:
         done: list[Sequence] = []
         for seq, n in scheduled:
             seq.computed += n
+            if seq.hashes and len(seq.cached) < len(seq.hashes):
+                self._register_full_blocks(seq)
             if seq.computed == seq.prompt_len + seq.generated:
                 seq.generated += 1
                 seq.last_token_at = end
@@ -310,9 +342,24 @@ class Engine:
             t = res.end
 
     # ------------------------------------------------------------------ internals
-    def _preempt(self, seq: Sequence, res: StepResult) -> None:
-        self.used_blocks -= seq.blocks
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        """Hand the prompt blocks the sequence has just filled to the prefix cache, in order."""
+        full = min(seq.computed // self._block_size, len(seq.hashes))
+        cached = seq.cached
+        for j in range(len(cached), full):
+            h = seq.hashes[j]
+            self.used_blocks += self.cache.register(h)
+            seq.blocks -= 1
+            cached.append(h)
+
+    def _free_blocks(self, seq: Sequence) -> None:
+        """Free a sequence's own blocks and drop its references to cached ones (they stay cached)."""
+        self.used_blocks -= seq.blocks + self.cache.release(seq.cached)
         seq.blocks = 0
+        seq.cached = []
+
+    def _preempt(self, seq: Sequence, res: StepResult) -> None:
+        self._free_blocks(seq)
         seq.computed = 0
         seq.state = WAITING
         seq.preemptions += 1
@@ -326,8 +373,7 @@ class Engine:
             self._preempt(self._running.pop(), res)
 
     def _finish(self, seq: Sequence, reason: str, now: float) -> None:
-        self.used_blocks -= seq.blocks
-        seq.blocks = 0
+        self._free_blocks(seq)
         seq.state = FINISHED
         seq.finish_reason = reason
         seq.finished_at = now

@@ -45,7 +45,7 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
 class VllmMetrics:
     """The series a vLLM server exports, bound to one model name and engine index 0."""
 
-    def __init__(self, profile: Profile, model_name: str) -> None:
+    def __init__(self, profile: Profile, model_name: str, *, prefix_caching: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         names = ["model_name", "engine"]
@@ -102,7 +102,7 @@ class VllmMetrics:
                                  "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
         self.decode_time = hist("vllm:request_decode_time_seconds",
                                 "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
-        info = cache_config_labels(profile)
+        info = cache_config_labels(profile, prefix_caching=prefix_caching)
         Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info),
               registry=r).labels(**info).set(1)
 
@@ -110,14 +110,14 @@ class VllmMetrics:
         return generate_latest(self.registry)
 
 
-def cache_config_labels(profile: Profile) -> dict[str, str]:
+def cache_config_labels(profile: Profile, *, prefix_caching: bool = True) -> dict[str, str]:
     """The labels of ``vllm:cache_config_info``: vLLM stringifies its CacheConfig fields."""
     return {
         "block_size": str(profile.block_size),
         "cache_dtype": profile.kv_cache_dtype,
         "calculate_kv_scales": "False",
         "cpu_offload_gb": "0",
-        "enable_prefix_caching": "False",
+        "enable_prefix_caching": str(prefix_caching),
         "engine": "0",
         "gpu_memory_utilization": str(profile.gpu_memory_utilization),
         "is_attention_free": "False",

@@ -50,6 +50,7 @@ class SimConfig:
     admin: bool = False
     eos_mean_tokens: float | None = None
     api_key: str | None = None  # like vLLM's --api-key: /v1/* routes then need ``Bearer <key>``
+    prefix_caching: bool = True  # vLLM V1's default; False is its --no-enable-prefix-caching
 
     @property
     def served_model(self) -> str:
@@ -60,8 +61,9 @@ def create_sim_app(config: SimConfig) -> FastAPI:
     """Build the app; the engine runner starts and stops with the app's lifespan."""
     profile = config.profile
     served = config.served_model
-    engine = Engine(profile, seed=config.seed, eos_mean_tokens=config.eos_mean_tokens)
-    metrics = VllmMetrics(profile, served)
+    engine = Engine(profile, seed=config.seed, eos_mean_tokens=config.eos_mean_tokens,
+                    prefix_caching=config.prefix_caching)
+    metrics = VllmMetrics(profile, served, prefix_caching=config.prefix_caching)
     state: dict[str, EngineRunner] = {}
     created = int(time.time())
 
@@ -98,7 +100,9 @@ def create_sim_app(config: SimConfig) -> FastAPI:
         req = parse_generation(await _json(request), chat=chat, served_model=served,
                                max_model_len=profile.max_model_len)
         try:
-            handle = runner().submit(req.prompt_tokens, req.max_tokens, ignore_eos=req.ignore_eos)
+            hashes = text.block_hashes(req.prompt_ids, profile.block_size) if config.prefix_caching else ()
+            handle = runner().submit(req.prompt_tokens, req.max_tokens, ignore_eos=req.ignore_eos,
+                                     block_hashes=hashes)
         except InjectedError as exc:
             status = engine.scenario.error_status
             kind = "ServiceUnavailableError" if status == 503 else "InternalServerError"

@@ -37,6 +37,7 @@ class GenerationRequest:
     continuous_usage: bool
     ignore_eos: bool
     seed: int  # text seed: same prompt, same words
+    prompt_ids: list[int]  # the prompt's token ids (gateway.sim.text), what prefix caching hashes
 
 
 def check_model(body: dict[str, Any], served: str) -> None:
@@ -55,6 +56,7 @@ def parse_generation(body: Any, *, chat: bool, served_model: str, max_model_len:
             raise BadRequest("'messages' must be a non-empty list of message objects", param="messages")
         try:
             prompt_tokens, seed = text.chat_prompt_tokens(messages)
+            prompt_ids = text.chat_token_ids(messages)
         except TypeError as exc:
             raise BadRequest(str(exc), param="messages") from None
     else:
@@ -64,6 +66,7 @@ def parse_generation(body: Any, *, chat: bool, served_model: str, max_model_len:
         if isinstance(prompt, str) or (isinstance(prompt, list) and prompt
                                        and all(isinstance(t, int) for t in prompt)):
             prompt_tokens, seed = text.completion_prompt_tokens(prompt)
+            prompt_ids = text.text_token_ids(prompt) if isinstance(prompt, str) else list(prompt)
         else:
             raise BadRequest("'prompt' must be a string or a non-empty list of token ids "
                              "(batches of several prompts are not supported)", param="prompt")
@@ -99,6 +102,7 @@ def parse_generation(body: Any, *, chat: bool, served_model: str, max_model_len:
         continuous_usage=bool(opts.get("continuous_usage_stats")),
         ignore_eos=bool(body.get("ignore_eos")),
         seed=seed,
+        prompt_ids=prompt_ids,
     )
 
 

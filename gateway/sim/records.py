@@ -26,17 +26,18 @@ class Sequence:
     __slots__ = (
         "id", "prompt_len", "max_tokens", "target_len", "generated", "computed", "blocks", "state",
         "arrival", "scheduled_at", "first_token_at", "last_token_at", "finished_at", "finish_reason",
-        "preemptions",
+        "preemptions", "hashes", "cached", "cached_tokens",
     )
 
-    def __init__(self, sid: int, prompt_len: int, max_tokens: int, target_len: int, arrival: float):
+    def __init__(self, sid: int, prompt_len: int, max_tokens: int, target_len: int, arrival: float,
+                 hashes: tuple[int, ...] = ()):
         self.id = sid
         self.prompt_len = prompt_len
         self.max_tokens = max_tokens
         self.target_len = target_len  # tokens it will produce before finishing
         self.generated = 0  # tokens produced (and delivered) so far
         self.computed = 0  # tokens whose KV is cached
-        self.blocks = 0  # KV (+ recurrent state) blocks held
+        self.blocks = 0  # KV (+ recurrent state) blocks held privately, besides those in ``cached``
         self.state = WAITING
         self.arrival = arrival
         self.scheduled_at: float | None = None  # first time it entered a batch
@@ -45,6 +46,9 @@ class Sequence:
         self.finished_at: float | None = None
         self.finish_reason: str | None = None
         self.preemptions = 0
+        self.hashes = hashes  # chained hashes of the prompt's full blocks (prefix caching); empty: none
+        self.cached: list[int] = []  # leading hashes whose blocks it holds through the prefix cache
+        self.cached_tokens = 0  # prompt tokens found in the prefix cache when it was last scheduled
 
     @property
     def finished(self) -> bool:

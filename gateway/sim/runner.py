@@ -64,6 +64,7 @@ class EngineRunner:
         self.lag_resets = 0
         self._seen_preemptions = 0
         self._seen_prompt = 0
+        self._seen_prefix = (0, 0)  # prefix-cache queries and hits already exported
 
     # ------------------------------------------------------------- clocks
     def vnow(self) -> float:
@@ -86,12 +87,13 @@ class EngineRunner:
                 pass
 
     # ------------------------------------------------------------- requests
-    def submit(self, prompt_tokens: int, max_tokens: int, *, ignore_eos: bool) -> Handle:
+    def submit(self, prompt_tokens: int, max_tokens: int, *, ignore_eos: bool,
+               block_hashes: tuple[int, ...] = ()) -> Handle:
         """Queue a request (may raise ``InjectedError`` or ``ValueError`` from the engine)."""
         now = self.vnow()
         if self._stepping and self.engine.busy_until < now:
             now = self.engine.busy_until  # the engine is behind; do not arrive after its next step
-        sid = self.engine.submit(prompt_tokens, max_tokens, now, ignore_eos=ignore_eos)
+        sid = self.engine.submit(prompt_tokens, max_tokens, now, ignore_eos=ignore_eos, block_hashes=block_hashes)
         handle = Handle(sid, prompt_tokens, max_tokens)
         self._handles[sid] = handle
         m = self.metrics
@@ -176,6 +178,11 @@ class EngineRunner:
         if engine.prompt_tokens_total != self._seen_prompt:
             m.prompt_tokens.inc(engine.prompt_tokens_total - self._seen_prompt)
             self._seen_prompt = engine.prompt_tokens_total
+        prefix = (engine.prefix_queries_total, engine.prefix_hits_total)
+        if prefix != self._seen_prefix:
+            m.prefix_queries.inc(prefix[0] - self._seen_prefix[0])
+            m.prefix_hits.inc(prefix[1] - self._seen_prefix[1])
+            self._seen_prefix = prefix
         if engine.num_preemptions != self._seen_preemptions:
             m.preemptions.inc(engine.num_preemptions - self._seen_preemptions)
             self._seen_preemptions = engine.num_preemptions

@@ -8,7 +8,11 @@ The simulator has no vocabulary, so it needs rules a client can predict:
   list of token ids costs exactly its length - the way to ask for an exact prompt size;
 * each generated token is one short word picked from a fixed list by a hash of the prompt and the
   token's position, so the same request always gets the same text;
-* an embedding is a unit vector drawn from a generator seeded by the text's hash.
+* an embedding is a unit vector drawn from a generator seeded by the text's hash;
+* a prompt's *token ids* (what prefix caching hashes) are its text cut into 4-byte pieces, each piece one
+  id, with the chat template's tokens as ids of their own that name the role: two prompts share a leading
+  run of ids exactly when they share a leading run of text, as with a real tokenizer, and the count is the
+  same as the rule above.
 """
 
 from __future__ import annotations
@@ -72,6 +76,38 @@ def completion_prompt_tokens(prompt: str | list[int]) -> tuple[int, int]:
     if isinstance(prompt, str):
         return max(1, text_tokens(prompt)), zlib.crc32(prompt.encode("utf-8"))
     return len(prompt), zlib.crc32(repr(prompt[:64]).encode())
+
+
+def text_token_ids(text: str) -> list[int]:
+    """The ids of :func:`text_tokens`' tokens: each 4-byte piece of the UTF-8 text, read as an integer."""
+    data = text.encode("utf-8")
+    return [int.from_bytes(data[i:i + BYTES_PER_TOKEN], "little") for i in range(0, len(data), BYTES_PER_TOKEN)]
+
+
+_TEMPLATE_ID = 1 << 40  # above any 4-byte piece: template tokens never equal text tokens
+
+
+def chat_token_ids(messages: list[dict[str, Any]]) -> list[int]:
+    """A chat prompt's token ids, as many as :func:`chat_prompt_tokens` counts: per message the template's
+    tokens (which carry the role) and the content's, then the reply's template tokens."""
+    ids: list[int] = []
+    for m in messages:
+        role = zlib.crc32(str(m.get("role", "")).encode("utf-8"))
+        ids += [_TEMPLATE_ID, _TEMPLATE_ID + 1 + role, _TEMPLATE_ID, _TEMPLATE_ID + 1]
+        ids += text_token_ids(message_text(m.get("content")))
+    return ids + [_TEMPLATE_ID, _TEMPLATE_ID + 2, _TEMPLATE_ID]
+
+
+def block_hashes(token_ids: list[int], block_size: int) -> tuple[int, ...]:
+    """vLLM's prefix-cache keys: one hash per *full* block of ``block_size`` ids, each chained over the hash
+    of the block before it, so equal hashes mean equal prefixes up to that block's end. (Python's hash of a
+    tuple of integers does not depend on the process, so every simulator computes the same keys.)"""
+    out: list[int] = []
+    parent = 0
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash((parent, tuple(token_ids[start:start + block_size])))
+        out.append(parent)
+    return tuple(out)
 
 
 def word(seed: int, index: int) -> str:

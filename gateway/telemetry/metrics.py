@@ -278,6 +278,28 @@ class GatewayMetrics:
             "sweetspot_backend_scrape_errors", "Failed scrapes of the backend's /metrics.", ["upstream"], registry=r
         )
 
+        # --- routing among upstreams (gateway/server/routing.py; only with routing = prefix) -------------
+        self.routing_decisions = Counter(
+            "sweetspot_routing_decisions",
+            "Requests routed among several upstreams with room, by why that upstream: prefix (it holds the "
+            "longest known prefix of the prompt), load (another holds more but is full or busier than the "
+            "saving is worth), least_loaded (no upstream is known to hold any of it).",
+            ["reason"], registry=r,
+        )
+        self.routing_prefix_chunks = Counter(
+            "sweetspot_routing_prefix_chunks",
+            "Prompt chunks (256 characters) of the requests routed to the upstream.", ["upstream"], registry=r,
+        )
+        self.routing_prefix_hit_chunks = Counter(
+            "sweetspot_routing_prefix_hit_chunks",
+            "Of those, chunks the gateway expected in the upstream's prefix cache (it served them recently): "
+            "divided by sweetspot_routing_prefix_chunks, the estimated prefix hit rate.", ["upstream"], registry=r,
+        )
+        self.routing_prefix_map_entries = Gauge(
+            "sweetspot_routing_prefix_map_entries",
+            "Prompt-prefix chunks the router remembers (bounded by routing_prefix_map_max).", registry=r,
+        )
+
     def child(self, metric: M, *labels: str) -> M:
         """``metric.labels(*labels)``, bound once and kept. ``labels()`` takes a lock and builds its key on
         every call, which the request path would otherwise pay several times per request; the label values

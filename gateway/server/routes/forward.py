@@ -26,6 +26,7 @@ from gateway.server.event_streams import NamedEventFilter
 from gateway.server.logs import access_enabled, log_access
 from gateway.server.measure import RequestTracker
 from gateway.server.parts import Gateway
+from gateway.server.routing import RouteHint
 from gateway.server.request_watch import ClientGone, RequestWatch, ServerShutdown
 from gateway.server.routes.auth import (
     has_valid_key,
@@ -141,6 +142,8 @@ class Forward:
             owner = gateway.responses.upstream_of(previous)
             if owner is not None and owner in eligible:
                 eligible = [owner]
+        # Several upstreams could take it: the router weighs where its prompt's prefix is cached against load.
+        hint = gateway.router.hint(parsed) if gateway.router is not None and len(eligible) > 1 else None
         stream = bool(getattr(parsed, "stream", False)) and self.route.streams
         forward_usage = True
         if stream and self.route.asks_usage:
@@ -152,7 +155,7 @@ class Forward:
         self.watch = watch = RequestWatch(self.receive, gateway.drain.running)
         handed_off = False
         try:
-            permit = await self._admit(eligible, priority, watch)
+            permit = await self._admit(eligible, priority, watch, hint)
             response = await self._send(permit, eligible, body, stream, forward_usage, watch)
             handed_off = isinstance(response, ProxyStreamResponse)
             return self._answer(response)
@@ -185,7 +188,8 @@ class Forward:
             raise BadRequest(f"header {self.gateway.settings.priority_header} must be an integer",
                              param=self.gateway.settings.priority_header) from None
 
-    async def _admit(self, eligible: list[str], priority: int, watch: RequestWatch) -> Permit[Upstream]:
+    async def _admit(self, eligible: list[str], priority: int, watch: RequestWatch,
+                     hint: RouteHint | None = None) -> Permit[Upstream]:
         """Wait for a permit; a client that leaves first raises ClientGone and never reaches an upstream."""
         gateway = self.gateway
         metrics = gateway.metrics
@@ -193,7 +197,7 @@ class Forward:
         level = priority_label(priority)
         try:
             permit = await watch.guard(gateway.queue.acquire(
-                priority=priority, eligible=eligible, timeout_s=gateway.settings.queue_timeout_s))
+                priority=priority, eligible=eligible, timeout_s=gateway.settings.queue_timeout_s, hint=hint))
         except ClientGone:
             metrics.child(metrics.queue_wait, "client_gone", level).observe(gateway.clock() - waited_from)
             metrics.rejections.labels("client_disconnected").inc()

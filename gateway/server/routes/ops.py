@@ -95,5 +95,10 @@ async def state(request: Request) -> Response:
         "drain_rate_per_s": round(gateway.queue.drain_rate(), 3),
         "retry_after_s": gateway.queue.retry_after(),
     }
+    router = gateway.router
+    routing: dict[str, object] = {"policy": gateway.settings.routing if router is not None else "least_loaded"}
+    if router is not None:
+        routing["prefix_map_entries"] = len(router.prefixes)
+        routing["prefix_map_max"] = router.prefixes.max_entries
     # Which process answered: with `serve --workers N` each worker is a replica with its own state.
-    return JSONResponse({"queue": queue, "upstreams": upstreams, "process": os.getpid()})
+    return JSONResponse({"queue": queue, "routing": routing, "upstreams": upstreams, "process": os.getpid()})
