@@ -1,10 +1,12 @@
-"""Admission: per-upstream limiters (in-flight permits) and the bounded priority queue in front of them.
+"""Admission: per-upstream limiters (in-flight permits) and the bounded, tenant-fair queue in front of them.
 
 One queue serves every upstream so a request waits once and goes to whichever eligible, healthy
 upstream frees a permit first; ties go to the upstream with the most free permits. The queue knows an
 upstream only as an :class:`AdmissionTarget` (a name, health, a limiter), and a :class:`Permit` carries
-the target it was granted on, so whoever holds one has its upstream. The queue is
-ordered by priority (higher first), FIFO within a priority. Nothing here does I/O: the clock is
+the target it was granted on and the tenant it counts against, so whoever holds one has both. Who goes
+next is :mod:`gateway.server.fair_queue`'s choice (priority classes, weighted shares between tenants inside
+a class); this module adds the bounds: ``max_queue`` in total, each tenant's ``max_queued`` (429 with its
+own Retry-After), in-flight cap and output-token quota. Nothing here does I/O: the clock is
 injected, waiting is an ``asyncio.Future`` the caller awaits, and a caller that goes away (client
 disconnect, timeout) is removed before it can reach an upstream.
 """
@@ -12,14 +14,15 @@ disconnect, timeout) is removed before it can reach an upstream.
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import math
 import time
 from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
+
+from gateway.server.fair_queue import Discipline, FairQueue
+from gateway.server.tenants import Tenant
 
 
 class Limiter:
@@ -80,6 +83,16 @@ class QueueFull(AdmissionError):
     reason = "queue_full"
 
 
+class TenantQueueFull(AdmissionError):
+    status = 429
+    reason = "tenant_queue_full"
+
+
+class QuotaExceeded(AdmissionError):
+    status = 429
+    reason = "quota_exceeded"
+
+
 class QueueTimeout(AdmissionError):
     status = 503
     reason = "queue_timeout"
@@ -121,6 +134,7 @@ class Permit(Generic[T]):
 
     target: T
     admitted: float
+    tenant: Tenant
     released: bool = False
 
     @property
@@ -128,17 +142,20 @@ class Permit(Generic[T]):
         return self.target.limiter
 
 
-@dataclass(order=True)
+@dataclass(eq=False, slots=True)
 class _Waiter(Generic[T]):
-    key: tuple[int, int]
-    future: asyncio.Future[Permit[T]] = field(compare=False)
-    eligible: Collection[str] | None = field(compare=False)
-    enqueued: float = field(compare=False)
-    gone: bool = field(default=False, compare=False)  # left the queue: admitted, timed out or cancelled
+    future: asyncio.Future[Permit[T]]
+    eligible: Collection[str] | None
+    tenant: Tenant
+    cls: int
+    gone: bool = False  # left the queue: admitted, timed out or cancelled
 
 
 class AdmissionQueue(Generic[T]):
-    """Hands out permits on a set of targets (upstreams), queueing up to ``max_queue`` requests."""
+    """Hands out permits on a set of targets (upstreams), queueing up to ``max_queue`` requests.
+
+    ``classes`` is the number of priority classes (0 is the highest); a request without a tenant counts
+    against :attr:`default_tenant`."""
 
     def __init__(
         self,
@@ -147,27 +164,34 @@ class AdmissionQueue(Generic[T]):
         max_queue: int,
         clock: Callable[[], float] = time.monotonic,
         drain_horizon_s: float = 30.0,
+        classes: int = 1,
+        discipline: Discipline = "fair",
+        starvation_after: int = 20,
+        default_tenant: Tenant | None = None,
     ) -> None:
         self.targets: dict[str, T] = {target.name: target for target in targets}
         self.max_queue = max_queue
         self._clock = clock
-        self._heap: list[_Waiter[T]] = []
-        self._waiting = 0  # live (not cancelled) waiters; the heap may still hold cancelled ones
-        self._seq = itertools.count()
+        self._queue: FairQueue[_Waiter[T]] = FairQueue(classes, discipline=discipline,
+                                                      starvation_after=starvation_after)
         self._releases: deque[float] = deque()  # release times within the drain horizon
         self._drain_horizon_s = drain_horizon_s
         self._closed: Callable[[], AdmissionError] | None = None
+        self.default_tenant = default_tenant if default_tenant is not None else Tenant("default")
 
     # --- state -----------------------------------------------------------------------------------
     @property
     def depth(self) -> int:
-        return self._waiting
+        return len(self._queue)
 
     def depth_for(self, name: str) -> int:
         """Queued requests that ``name`` could serve: the demand this upstream's limit holds back."""
         if len(self.targets) == 1:
-            return self._waiting
-        return sum(1 for w in self._heap if not w.gone and (w.eligible is None or name in w.eligible))
+            return len(self._queue)
+        return sum(1 for w in self._queue if w.eligible is None or name in w.eligible)
+
+    def class_depth(self, cls: int) -> int:
+        return self._queue.depth(cls)
 
     def _forget_releases(self, now: float) -> None:
         cutoff = now - self._drain_horizon_s
@@ -185,7 +209,7 @@ class AdmissionQueue(Generic[T]):
 
     def retry_after(self, ahead: int | None = None) -> int:
         """Seconds until a request joining behind ``ahead`` others would likely be admitted (1..60)."""
-        ahead = self._waiting if ahead is None else ahead
+        ahead = len(self._queue) if ahead is None else ahead
         rate = self.drain_rate()
         if rate <= 0:
             return 5
@@ -203,37 +227,51 @@ class AdmissionQueue(Generic[T]):
                 best = target
         return best
 
-    def _grant(self, target: T) -> Permit[T]:
+    def _grant(self, target: T, tenant: Tenant) -> Permit[T]:
         target.limiter.acquire()
-        return Permit(target, self._clock())
+        tenant.inflight += 1
+        return Permit(target, self._clock(), tenant)
 
     # --- acquiring -------------------------------------------------------------------------------
     async def acquire(
-        self, *, priority: int = 0, eligible: Collection[str] | None = None, timeout_s: float
+        self, *, tenant: Tenant | None = None, priority: int = 0, eligible: Collection[str] | None = None,
+        timeout_s: float,
     ) -> Permit[T]:
-        """Wait for a permit on one of the ``eligible`` upstreams (all when None).
+        """Wait for a permit on one of the ``eligible`` upstreams (all when None), in class ``priority``.
 
-        Raises :class:`NoHealthyUpstream` at once when none of them is healthy, :class:`QueueFull`
-        when the queue is at ``max_queue``, :class:`QueueTimeout` after ``timeout_s``. If the caller
-        is cancelled (its client went away) it leaves the queue and never holds a permit.
+        Raises :class:`NoHealthyUpstream` at once when none of them is healthy, :class:`QuotaExceeded` when
+        the tenant spent its output-token quota, :class:`QueueFull` when the queue is at ``max_queue``,
+        :class:`TenantQueueFull` when the tenant's own queue is at its cap, :class:`QueueTimeout` after
+        ``timeout_s``. If the caller is cancelled (its client went away) it leaves the queue and never holds
+        a permit.
         """
         if self._closed is not None:
             raise self._closed()
+        tenant = self.default_tenant if tenant is None else tenant
         candidates = self._candidates(eligible)
         if not any(target.healthy for target in candidates):
             raise NoHealthyUpstream("no healthy upstream serves this request", retry_after_s=2)
-        if self._waiting == 0:
+        if tenant.quota is not None:
+            wait = tenant.quota.retry_after(self._clock())
+            if wait is not None:
+                raise QuotaExceeded(f"tenant {tenant.name!r} used its output-token quota "
+                                    f"({tenant.quota.capacity:g} per minute)", retry_after_s=wait)
+        queue = self._queue
+        if not queue and tenant.may_run():
             target = self._best(eligible)
             if target is not None:
-                return self._grant(target)
-        if self._waiting >= self.max_queue:
+                return self._grant(target, tenant)
+        if len(queue) >= self.max_queue:
             raise QueueFull(
                 f"the gateway's queue is full ({self.max_queue} waiting)", retry_after_s=self.retry_after()
             )
-        loop = asyncio.get_running_loop()
-        waiter: _Waiter[T] = _Waiter((-priority, next(self._seq)), loop.create_future(), eligible, self._clock())
-        heapq.heappush(self._heap, waiter)
-        self._waiting += 1
+        if tenant.max_queued is not None and tenant.queued >= tenant.max_queued:
+            raise TenantQueueFull(f"tenant {tenant.name!r} has {tenant.queued} requests queued, its cap",
+                                  retry_after_s=tenant.retry_after(self._clock()))
+        waiter: _Waiter[T] = _Waiter(asyncio.get_running_loop().create_future(), eligible, tenant, priority)
+        queue.push(waiter, flow=tenant, weight=tenant.weight, cls=priority)
+        tenant.queued += 1
+        self.dispatch()  # work-conserving: a free slot the waiters ahead could not take is this one's
         try:
             return await asyncio.wait_for(asyncio.shield(waiter.future), timeout_s)
         except BaseException as exc:
@@ -254,25 +292,17 @@ class AdmissionQueue(Generic[T]):
         if not waiter.gone:
             waiter.gone = True
             future.cancel()
-            self._waiting -= 1
-            self._compact()
-
-    def _compact(self) -> None:
-        """Drop the heap's dead entries once they outnumber the live ones, so requests that left the queue
-        (timed out, hung up) never pile up behind a head that cannot be admitted."""
-        if len(self._heap) > 2 * self._waiting + 64:
-            self._heap = [waiter for waiter in self._heap if not waiter.gone]
-            heapq.heapify(self._heap)
+            waiter.tenant.queued -= 1
+            self._queue.forget(flow=waiter.tenant, cls=waiter.cls)
 
     def close(self, error: Callable[[], AdmissionError]) -> None:
         """Refuse every queued request and every later one with ``error()`` (the gateway is draining)."""
         self._closed = error
-        for waiter in self._heap:
-            if not waiter.gone:
-                waiter.gone = True
-                waiter.future.set_exception(error())
-        self._heap.clear()
-        self._waiting = 0
+        for waiter in list(self._queue):
+            waiter.gone = True
+            waiter.tenant.queued -= 1
+            waiter.future.set_exception(error())
+        self._queue.clear()
 
     def release(self, permit: Permit[T]) -> None:
         """Return a permit (idempotent) and admit whoever can now run."""
@@ -281,6 +311,7 @@ class AdmissionQueue(Generic[T]):
         permit.released = True
         permit.limiter.release()
         now = self._clock()
+        permit.tenant.released(now)
         self._releases.append(now)
         self._forget_releases(now)
         self.dispatch()
@@ -289,29 +320,33 @@ class AdmissionQueue(Generic[T]):
         """Admit queued requests while some eligible upstream has a free permit.
 
         Call it after anything that frees capacity: a release, a raised limit, an upstream turning
-        healthy. Waiters are taken in priority order; a waiter whose upstreams are all busy does not
-        block the ones behind it that can go elsewhere.
+        healthy. Who goes first is the fair queue's choice; a waiter whose upstreams are all busy does not
+        block the ones behind it that can go elsewhere, nor does a tenant at its in-flight cap.
         """
-        if not self._waiting:
+        queue = self._queue
+        if not queue:
             return
-        skipped: list[_Waiter[T]] = []
-        while self._heap:
-            waiter = heapq.heappop(self._heap)
-            if waiter.gone:
-                continue
+        placed: list[T] = []
+
+        def place(waiter: _Waiter[T]) -> bool:
             target = self._best(waiter.eligible)
             if target is None:
-                skipped.append(waiter)
-                if not any(_available(t) for t in self.targets.values()):
-                    break
-                continue
-            self._waiting -= 1
-            waiter.gone = True
-            waiter.future.set_result(self._grant(target))
-        for waiter in skipped:
-            heapq.heappush(self._heap, waiter)
+                return False
+            placed.append(target)
+            return True
 
-    def try_acquire(self, eligible: Collection[str]) -> Permit[T] | None:
+        targets = self.targets.values()
+        while queue and any(_available(t) for t in targets):
+            waiter = queue.pop(Tenant.may_run, place)  # type: ignore[arg-type]
+            if waiter is None:
+                break
+            waiter.gone = True
+            waiter.tenant.queued -= 1
+            waiter.future.set_result(self._grant(placed.pop(), waiter.tenant))
+
+    def try_acquire(self, eligible: Collection[str], tenant: Tenant | None = None) -> Permit[T] | None:
         """A permit right now on one of ``eligible`` or None; used to fail over without queueing."""
         target = self._best(eligible)
-        return None if target is None else self._grant(target)
+        if target is None:
+            return None
+        return self._grant(target, self.default_tenant if tenant is None else tenant)
