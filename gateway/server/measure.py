@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from gateway.control.window import Outcome, RequestSample
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.server.tenants import Tenant
 from gateway.server.upstreams import Upstream
 
 
@@ -29,12 +30,15 @@ class RequestTracker:
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     streamed: bool = False
+    tenant: Tenant | None = None
     done: bool = field(default=False, repr=False)
 
     def admit(self, upstream: Upstream, admitted: float, queue_wait: float) -> None:
         self.upstream = upstream
         self.admitted = admitted
         self.queue_wait = queue_wait
+        if self.tenant is not None:
+            self.tenant.count_wait(queue_wait)
 
     def switch(self, upstream: Upstream) -> None:
         """The request failed over to another upstream before any byte was streamed."""
@@ -89,6 +93,8 @@ class RequestTracker:
             streamed=self.streamed,
         )
         upstream.window.add(sample)
+        if self.tenant is not None:
+            self.tenant.spend(output, now)  # its quota and its output-token count
         label = upstream.name
         child = metrics.child
         child(metrics.upstream_requests, label, outcome.value).inc()

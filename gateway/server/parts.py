@@ -10,6 +10,7 @@ from gateway import __version__
 from gateway.control.window import SlidingWindow
 from gateway.server.admission import AdmissionQueue, Limiter
 from gateway.server.drain import DrainState
+from gateway.server.tenants import TenantDirectory
 from gateway.server.upstream_client import UpstreamClient
 from gateway.server.upstreams import Upstream, UpstreamPool
 from gateway.settings import Settings
@@ -23,12 +24,14 @@ class Gateway:
     queue: AdmissionQueue[Upstream]
     client: UpstreamClient
     metrics: GatewayMetrics
+    tenants: TenantDirectory
     clock: Callable[[], float] = time.monotonic
     drain: DrainState = field(default_factory=DrainState)
 
     def __post_init__(self) -> None:
         # Keys as bytes, once: requests compare raw header bytes against them.
-        self.client_keys = tuple(key.encode() for key in self.settings.api_keys)
+        self.client_keys = tuple(key.encode() for key in self.settings.api_keys) + tuple(
+            key.encode() for tenant in self.settings.tenants for key in tenant.api_keys)
         self.admin_key = self.settings.admin_api_key.encode() if self.settings.admin_api_key else None
 
     @classmethod
@@ -41,7 +44,10 @@ class Gateway:
                      public_name=f"upstream-{index}")
             for index, url in enumerate(settings.upstreams, start=1)
         ]
-        queue = AdmissionQueue(upstreams, max_queue=settings.max_queue, clock=clock)
+        tenants = TenantDirectory(settings, clock=clock, meters=metrics.tenants.meters)
+        queue = AdmissionQueue(upstreams, max_queue=settings.max_queue, clock=clock,
+                               classes=len(settings.priority_classes), discipline=settings.queue_discipline,
+                               starvation_after=settings.starvation_after, default_tenant=tenants.default)
         client = UpstreamClient(
             connect_timeout_s=settings.connect_timeout_s,
             total_timeout_s=settings.upstream_timeout_s,
@@ -50,4 +56,4 @@ class Gateway:
         )
         metrics.info.info({"version": __version__})
         metrics.queue_capacity.set(settings.max_queue)
-        return cls(settings, UpstreamPool(upstreams), queue, client, metrics, clock)
+        return cls(settings, UpstreamPool(upstreams), queue, client, metrics, tenants, clock)

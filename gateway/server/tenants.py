@@ -60,7 +60,7 @@ class TokenBucket:
         self._refill(now)
         if self.level > 0:
             return None
-        return max(1, math.ceil(-self.level / self.rate + 1e-9))
+        return math.floor(-self.level / self.rate) + 1  # whole seconds, rounded so that it is then positive
 
 
 @dataclass(eq=False)

@@ -27,7 +27,7 @@ from gateway.server.errors import error_response
 from gateway.server.measure import RequestTracker
 from gateway.server.parts import Gateway
 from gateway.server.request_watch import ClientGone, RequestWatch, ServerShutdown
-from gateway.server.routes.auth import key_matches, raw_header, unauthorized
+from gateway.server.routes.auth import bearer_token, key_matches, raw_header, unauthorized
 from gateway.server.routes.inbound import RequestHeaders, read_body
 from gateway.server.routes.validation import (
     BadRequest,
@@ -39,6 +39,7 @@ from gateway.server.routes.validation import (
 )
 from gateway.server.sse import SSEFilter
 from gateway.server.streaming import ProxyStreamResponse
+from gateway.server.tenants import Tenant
 from gateway.server.upstream_client import UpstreamFailed, UpstreamReply, UpstreamTimeout
 from gateway.server.upstream_headers import request_headers
 from gateway.server.upstreams import Upstream
@@ -139,7 +140,8 @@ class _Forward:
         self.route = route
         self.gateway = gateway
         self.tracker = RequestTracker(arrived=self.gateway.clock(), clock=self.gateway.clock)
-        self.headers = RequestHeaders(scope["headers"], self.gateway.settings.priority_header)
+        self.headers = RequestHeaders(scope["headers"], self.gateway.settings.priority_header, gateway.tenants.header)
+        self.tenant: Tenant | None = None
         self.request_id = self.headers.request_id or secrets.token_hex(16)
         self.permit: Permit[Upstream] | None = None  # the permit held right now, for the last-resort clean-up
         self.watch: RequestWatch | None = None
@@ -154,6 +156,8 @@ class _Forward:
     def _refuse(self, status: int, message: str, reason: str, *, code: str | None = None,
                 param: str | None = None, retry_after_s: int | None = None) -> Response:
         self.gateway.metrics.rejections.labels(reason).inc()
+        if self.tenant is not None:
+            self.tenant.count_rejection(reason)
         return self._answer(error_response(status, message, code=code or reason, param=param, reason=reason,
                                            retry_after_s=retry_after_s))
 
@@ -165,9 +169,12 @@ class _Forward:
                                     "shutting_down", retry_after_s=DRAIN_RETRY_AFTER_S)
             response.headers["connection"] = "close"
             return response
-        denied = check_auth(gateway, self.headers.authorization)
-        if denied is not None:
-            return self._answer(denied)
+        tenant = gateway.tenants.identify(bearer_token(self.headers.authorization), self.headers.tenant)
+        if tenant is None:
+            gateway.metrics.rejections.labels("unauthorized").inc()
+            return self._answer(unauthorized())
+        self.tenant = self.tracker.tenant = tenant
+        tenant.count_request()
         if not self.headers.is_json:
             return self._refuse(415, "request bodies must be JSON (Content-Type: application/json)",
                                 "unsupported_media_type")
@@ -187,7 +194,7 @@ class _Forward:
             return self._refuse(413, f"request body exceeds {settings.max_body_bytes} bytes", "body_too_large")
         try:
             parsed = parse_body(self.route.schema, body)
-            priority = self._priority()
+            priority = self._priority(tenant)
             n = getattr(parsed, "n", None)
             if n is not None and n > settings.max_n:
                 raise BadRequest(f"n: at most {settings.max_n} choices per request", param="n")
@@ -231,15 +238,15 @@ class _Forward:
             if not handed_off:
                 watch.close()
 
-    def _priority(self) -> int:
+    def _priority(self, tenant: Tenant) -> int:
+        """The request's class: the tenant's own, or the one the header asks for, never above what it may."""
         raw = self.headers.priority
         if raw is None:
-            return 0
+            return tenant.priority
         try:
-            return int(raw)
-        except ValueError:
-            raise BadRequest(f"header {self.gateway.settings.priority_header} must be an integer",
-                             param=self.gateway.settings.priority_header) from None
+            return tenant.class_for(self.gateway.tenants.class_index(raw))
+        except ValueError as exc:
+            raise BadRequest(str(exc), param=self.gateway.settings.priority_header) from None
 
     async def _admit(self, eligible: list[str], priority: int, watch: RequestWatch) -> Permit[Upstream]:
         """Wait for a permit; a client that leaves first raises ClientGone and never reaches an upstream."""
@@ -247,7 +254,7 @@ class _Forward:
         waited_from = gateway.clock()
         try:
             permit = await watch.guard(gateway.queue.acquire(
-                priority=priority, eligible=eligible, timeout_s=gateway.settings.queue_timeout_s))
+                tenant=self.tenant, priority=priority, eligible=eligible, timeout_s=gateway.settings.queue_timeout_s))
         except ClientGone:
             gateway.metrics.rejections.labels("client_disconnected").inc()
             raise
@@ -292,7 +299,7 @@ class _Forward:
                 alternative = None
                 if exc.not_processed and not failed_over:
                     others = [name for name in eligible if name != upstream.name]
-                    alternative = gateway.queue.try_acquire(others) if others else None
+                    alternative = gateway.queue.try_acquire(others, permit.tenant) if others else None
                 if alternative is not None:
                     gateway.metrics.upstream_retries.labels(upstream.name, "failover").inc()
                     self.tracker.failed_attempt(gateway.metrics)
