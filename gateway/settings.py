@@ -190,6 +190,13 @@ class Settings(BaseSettings, ControllerKnobs):
         description="Anti-starvation: a lower class with requests waiting that was passed over this many "
         "admissions in a row gets the next one (so at least 1 in starvation_after + 1). 0: strict priority.",
     )
+    tenant_burst: float = Field(
+        0.1, ge=0, le=1,
+        description="With `fair`: a tenant with nothing queued that holds fewer slots than its weighted share may "
+        "be admitted above an upstream's limit, by at most this share of it (at least one), instead of waiting "
+        "for a release; nobody else is admitted until in-flight is under the limit again, so it averages the "
+        "limit. Why: releases come at random, and waiting for one alone costs about a second at p99. 0: never.",
+    )
     queue_discipline: Literal["fair", "fifo"] = Field(
         "fair",
         description="Inside a priority class: `fair` shares the slots between tenants by weight (per-tenant "

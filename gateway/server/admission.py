@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from gateway.server.fair_queue import Discipline, FairQueue
+from gateway.server.fair_queue import Discipline, FairQueue, may_burst
 from gateway.server.tenants import Tenant
 
 
@@ -35,6 +35,7 @@ class Limiter:
         self.name = name
         self.limit = limit
         self.inflight = 0
+        self.bursting = 0  # of inflight, those admitted above the limit by the fairness rule (may_burst)
         self._peak = 0
 
     @property
@@ -136,6 +137,7 @@ class Permit(Generic[T]):
     admitted: float
     tenant: Tenant
     released: bool = False
+    burst: bool = False  # admitted above the limit (see may_burst)
 
     @property
     def limiter(self) -> Limiter:
@@ -168,6 +170,7 @@ class AdmissionQueue(Generic[T]):
         discipline: Discipline = "fair",
         starvation_after: int = 20,
         default_tenant: Tenant | None = None,
+        burst: float = 0.0,
     ) -> None:
         self.targets: dict[str, T] = {target.name: target for target in targets}
         self.max_queue = max_queue
@@ -178,6 +181,9 @@ class AdmissionQueue(Generic[T]):
         self._drain_horizon_s = drain_horizon_s
         self._closed: Callable[[], AdmissionError] | None = None
         self.default_tenant = default_tenant if default_tenant is not None else Tenant("default")
+        self.burst = burst if discipline == "fair" else 0.0
+        self._active_weight = 0.0  # weights of the tenants with a request queued or running
+        self.bursts = 0  # admissions above the limit (see _burst_target)
 
     # --- state -----------------------------------------------------------------------------------
     @property
@@ -229,8 +235,31 @@ class AdmissionQueue(Generic[T]):
 
     def _grant(self, target: T, tenant: Tenant) -> Permit[T]:
         target.limiter.acquire()
+        if not (tenant.inflight or tenant.queued):
+            self._active_weight += tenant.weight
         tenant.inflight += 1
         return Permit(target, self._clock(), tenant)
+
+    def _settled(self, tenant: Tenant) -> None:
+        """A tenant's count just went down: once it has nothing queued or running, its weight leaves."""
+        if not (tenant.inflight or tenant.queued):
+            self._active_weight = max(self._active_weight - tenant.weight, 0.0)
+
+    def _burst_target(self, eligible: Collection[str] | None, tenant: Tenant) -> T | None:
+        """Where a tenant under its share of the slots may run although every permit is taken (see
+        :func:`~gateway.server.fair_queue.may_burst`), or None."""
+        if not self.burst or tenant.queued or not tenant.may_run():
+            return None
+        weight = self._active_weight + (0.0 if tenant.inflight else tenant.weight)
+        best: T | None = None
+        for target in self._candidates(eligible):
+            limiter = target.limiter
+            if target.healthy and may_burst(inflight=limiter.inflight, limit=limiter.limit, burst=self.burst,
+                                            tenant_inflight=tenant.inflight, weight=tenant.weight,
+                                            active_weight=weight):
+                if best is None or limiter.inflight - limiter.limit < best.limiter.inflight - best.limiter.limit:
+                    best = target
+        return best
 
     # --- acquiring -------------------------------------------------------------------------------
     async def acquire(
@@ -261,6 +290,13 @@ class AdmissionQueue(Generic[T]):
             target = self._best(eligible)
             if target is not None:
                 return self._grant(target, tenant)
+        target = self._burst_target(eligible, tenant)
+        if target is not None:
+            self.bursts += 1
+            target.limiter.bursting += 1
+            permit = self._grant(target, tenant)
+            permit.burst = True
+            return permit
         if len(queue) >= self.max_queue:
             raise QueueFull(
                 f"the gateway's queue is full ({self.max_queue} waiting)", retry_after_s=self.retry_after()
@@ -270,6 +306,8 @@ class AdmissionQueue(Generic[T]):
                                   retry_after_s=tenant.retry_after(self._clock()))
         waiter: _Waiter[T] = _Waiter(asyncio.get_running_loop().create_future(), eligible, tenant, priority)
         queue.push(waiter, flow=tenant, weight=tenant.weight, cls=priority)
+        if not (tenant.inflight or tenant.queued):
+            self._active_weight += tenant.weight
         tenant.queued += 1
         self.dispatch()  # work-conserving: a free slot the waiters ahead could not take is this one's
         try:
@@ -293,6 +331,7 @@ class AdmissionQueue(Generic[T]):
             waiter.gone = True
             future.cancel()
             waiter.tenant.queued -= 1
+            self._settled(waiter.tenant)
             self._queue.forget(flow=waiter.tenant, cls=waiter.cls)
 
     def close(self, error: Callable[[], AdmissionError]) -> None:
@@ -301,6 +340,7 @@ class AdmissionQueue(Generic[T]):
         for waiter in list(self._queue):
             waiter.gone = True
             waiter.tenant.queued -= 1
+            self._settled(waiter.tenant)
             waiter.future.set_exception(error())
         self._queue.clear()
 
@@ -310,8 +350,11 @@ class AdmissionQueue(Generic[T]):
             return
         permit.released = True
         permit.limiter.release()
+        if permit.burst:
+            permit.limiter.bursting -= 1
         now = self._clock()
         permit.tenant.released(now)
+        self._settled(permit.tenant)
         self._releases.append(now)
         self._forget_releases(now)
         self.dispatch()
@@ -341,8 +384,9 @@ class AdmissionQueue(Generic[T]):
             if waiter is None:
                 break
             waiter.gone = True
-            waiter.tenant.queued -= 1
-            waiter.future.set_result(self._grant(placed.pop(), waiter.tenant))
+            permit = self._grant(placed.pop(), waiter.tenant)
+            waiter.tenant.queued -= 1  # after the grant: it stays active, its weight is counted once
+            waiter.future.set_result(permit)
 
     def try_acquire(self, eligible: Collection[str], tenant: Tenant | None = None) -> Permit[T] | None:
         """A permit right now on one of ``eligible`` or None; used to fail over without queueing."""

@@ -126,8 +126,9 @@ class ControlLoop:
         limiter = upstream.limiter
         scraper = self.scrapers.get(upstream.name)
         snapshot = scraper.latest if scraper is not None else NOT_SCRAPED
-        state = LimiterState(limit=limiter.limit, inflight=limiter.inflight, peak_inflight=limiter.take_peak(),
-                             queue_depth=gateway.queue.depth_for(upstream.name))
+        # Requests admitted above the limit by the tenants' burst rule are not the limit's doing.
+        state = LimiterState(limit=limiter.limit, inflight=limiter.inflight - limiter.bursting,
+                             peak_inflight=limiter.take_peak(), queue_depth=gateway.queue.depth_for(upstream.name))
         cap = hard_cap(snapshot, upstream, gateway.settings.kv_capacity_tokens, now)
         decision = control.tick(now, upstream.window, state, self.headroom(snapshot), hard_cap=cap,
                                 tokens_total=upstream.window.tokens_total)

@@ -47,7 +47,8 @@ class Gateway:
         tenants = TenantDirectory(settings, clock=clock, meters=metrics.tenants.meters)
         queue = AdmissionQueue(upstreams, max_queue=settings.max_queue, clock=clock,
                                classes=len(settings.priority_classes), discipline=settings.queue_discipline,
-                               starvation_after=settings.starvation_after, default_tenant=tenants.default)
+                               starvation_after=settings.starvation_after, default_tenant=tenants.default,
+                               burst=settings.tenant_burst)
         client = UpstreamClient(
             connect_timeout_s=settings.connect_timeout_s,
             total_timeout_s=settings.upstream_timeout_s,

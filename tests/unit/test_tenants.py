@@ -241,3 +241,43 @@ async def test_the_interactive_class_passes_a_batch_backlog() -> None:
     for task in backlog:
         task.cancel()
     await asyncio.gather(*backlog, return_exceptions=True)
+
+
+async def test_a_light_tenant_bursts_above_the_limit_and_releases_pay_it_back() -> None:
+    queue = AdmissionQueue([Target("a", Limiter("a", 4))], max_queue=100, clock=FakeClock(), burst=0.25)
+    heavy, light = Tenant("heavy"), Tenant("light")
+    held = [await queue.acquire(tenant=heavy, timeout_s=1) for _ in range(4)]
+    backlog = [asyncio.create_task(queue.acquire(tenant=heavy, timeout_s=60)) for _ in range(10)]
+    await asyncio.sleep(0)
+    assert heavy.queued == 10
+    # light holds none of its share (2 of 4): it runs at once, one above the limit.
+    first = await asyncio.wait_for(queue.acquire(tenant=light, timeout_s=1), 1)
+    limiter = queue.targets["a"].limiter
+    assert first.burst and limiter.inflight == 5 and limiter.bursting == 1
+    # The burst allowance (a quarter of the limit, one) is used: its next request waits its turn.
+    second = asyncio.create_task(queue.acquire(tenant=light, timeout_s=60))
+    await asyncio.sleep(0)
+    assert light.queued == 1
+    queue.release(held[0])  # pays the burst back: nobody admitted
+    assert limiter.inflight == 4 and heavy.queued == 10 and light.queued == 1
+    queue.release(held[1])
+    queue.release(held[2])  # two admissions: one of them light's (equal weights, it was owed one)
+    assert light.queued == 0 and heavy.queued == 9 and limiter.inflight == 4
+    queue.release(first)
+    assert limiter.bursting == 0 and heavy.queued == 8
+    queue.release(await second)
+    for task in backlog:
+        task.cancel()
+    await asyncio.gather(*backlog, return_exceptions=True)
+
+
+async def test_no_burst_for_a_tenant_with_requests_queued_or_over_its_share() -> None:
+    queue = AdmissionQueue([Target("a", Limiter("a", 4))], max_queue=100, clock=FakeClock(), burst=1.0)
+    only = Tenant("only")
+    held = [await queue.acquire(tenant=only, timeout_s=1) for _ in range(4)]
+    waiting = asyncio.create_task(queue.acquire(tenant=only, timeout_s=60))  # holds all of its share
+    await asyncio.sleep(0)
+    assert only.queued == 1 and queue.bursts == 0
+    for permit in held:
+        queue.release(permit)
+    queue.release(await waiting)

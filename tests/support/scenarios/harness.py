@@ -27,6 +27,7 @@ from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.observation import Headroom, LimiterState
 from gateway.control.controller import UpstreamControl
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
+from gateway.server.fair_queue import Discipline, FairQueue, may_burst
 from gateway.sim.engine import Engine, InjectedError, StepResult
 from gateway.sim.profiles import Profile
 
@@ -63,12 +64,41 @@ class Conditions:
     hop_s: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class TenantSpec:
+    name: str
+    weight: float = 1.0
+    cls: int = 0  # priority class, 0 the highest
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """Clients split between tenants, queued by the gateway's own :class:`FairQueue` instead of one FIFO.
+
+    ``assign(client)`` gives a client's tenant index; by default clients go round robin."""
+
+    tenants: tuple[TenantSpec, ...]
+    discipline: Discipline = "fair"
+    starvation_after: int = 20
+    assign: Callable[[int], int] | None = None
+    burst: float = 0.1  # the gateway's tenant_burst (fair discipline only)
+
+    def of(self, client: int) -> TenantSpec:
+        index = client % len(self.tenants) if self.assign is None else self.assign(client)
+        return self.tenants[index]
+
+    @property
+    def classes(self) -> int:
+        return max(spec.cls for spec in self.tenants) + 1
+
+
 @dataclass(slots=True)
 class Finished:
     """One request as the client saw it (times in virtual seconds)."""
 
     gateway: int
     sample: RequestSample
+    tenant: str | None = None
 
 
 @dataclass(slots=True)
@@ -112,12 +142,16 @@ class _Request:
     first_token: float | None = None
     tokens: int = 0
     inflight_at_admit: int = 0
+    tenant: TenantSpec | None = None
+    burst: bool = False
+    gone: bool = False  # what the fair queue asks of its items; nobody leaves a queue here
 
 
 class _Gateway:
     """A gateway's admission path for one upstream: FIFO queue, limiter, window, controller."""
 
-    def __init__(self, index: int, limit: int, window_s: float, control: UpstreamControl | None) -> None:
+    def __init__(self, index: int, limit: int, window_s: float, control: UpstreamControl | None,
+                 tenancy: Tenancy | None = None) -> None:
         self.index = index
         self.limit = limit
         self.inflight = 0
@@ -125,6 +159,54 @@ class _Gateway:
         self.queue: deque[_Request] = deque()
         self.window = SlidingWindow(window_s)
         self.control = control
+        self.fair: FairQueue[_Request] | None = None
+        self.tenants: dict[str, list[int]] = {}  # tenant -> [running, queued]
+        self.bursts = 0
+        self.bursting = 0  # running requests admitted above the limit: the controller judges without them
+        if tenancy is not None:
+            self.fair = FairQueue(tenancy.classes, discipline=tenancy.discipline,
+                                  starvation_after=tenancy.starvation_after)
+
+    def queued(self) -> int:
+        return len(self.queue) if self.fair is None else len(self.fair)
+
+    def push(self, request: _Request) -> None:
+        if self.fair is None:
+            self.queue.append(request)
+        else:
+            spec = request.tenant
+            assert spec is not None
+            self.fair.push(request, flow=spec.name, weight=spec.weight, cls=spec.cls)
+            self.tenants.setdefault(spec.name, [0, 0])[1] += 1
+
+    def pop(self) -> _Request | None:
+        if self.fair is None:
+            return self.queue.popleft() if self.queue else None
+        request = self.fair.pop(_anyone, _anywhere)
+        if request is not None and request.tenant is not None:
+            self.tenants[request.tenant.name][1] -= 1
+        return request
+
+    def may_burst(self, request: _Request, tenancy: Tenancy) -> bool:
+        """The gateway's rule (:func:`may_burst`) for a tenant with nothing queued, all slots taken."""
+        spec = request.tenant
+        if spec is None or tenancy.discipline != "fair" or self.tenants.get(spec.name, [0, 0])[1]:
+            return False
+        counts = self.tenants.get(spec.name, [0, 0])
+        weights = {s.name: s.weight for s in tenancy.tenants}
+        active = sum(weights[name] for name, (running, queued) in self.tenants.items() if running or queued)
+        if not counts[0]:
+            active += spec.weight
+        return may_burst(inflight=self.inflight, limit=self.limit, burst=tenancy.burst, tenant_inflight=counts[0],
+                         weight=spec.weight, active_weight=active)
+
+
+def _anyone(_flow: object) -> bool:
+    return True
+
+
+def _anywhere(_request: _Request) -> bool:
+    return True
 
 
 class Harness:
@@ -150,6 +232,7 @@ class Harness:
         scrape_interval_s: float = 2.0,
         hard_cap: int | None = None,
         algorithm: Callable[[], LimitAlgorithm] | None = None,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self.profile = profile
         self.config = config
@@ -158,6 +241,7 @@ class Harness:
         self.control_interval_s = control_interval_s
         self.scrape_interval_s = scrape_interval_s
         self.hard_cap = hard_cap
+        self.tenancy = tenancy
         self.gateways: list[_Gateway] = []
         for g in range(gateways):
             control = None
@@ -165,7 +249,7 @@ class Harness:
                 control = UpstreamControl(f"gw{g}", config, initial_limit=initial_limit, start=start,
                                           algorithm=None if algorithm is None else algorithm())
             limit = static_limit if static_limit is not None else control.limit  # type: ignore[union-attr]
-            self.gateways.append(_Gateway(g, limit, config.window_s, control))
+            self.gateways.append(_Gateway(g, limit, config.window_s, control, tenancy))
         self.trace = Trace()
         self.now = 0.0
         self.conditions: Conditions | None = None
@@ -226,7 +310,7 @@ class Harness:
                 first_token=request.first_token, prompt_tokens=request.prompt,
                 output_tokens=request.tokens, outcome=Outcome.OK,
             )
-            out.append(Finished(request.gateway, sample))
+            out.append(Finished(request.gateway, sample, None if request.tenant is None else request.tenant.name))
         return out
 
     def _kick(self) -> None:
@@ -251,21 +335,36 @@ class Harness:
         self._busy[g].add(client)
         gw = self.gateways[g]
         request = _Request(g, client, prompt, output, arrived=self.now)
-        gw.queue.append(request)
+        if self.tenancy is not None:
+            request.tenant = self.tenancy.of(client)
+            if gw.inflight >= gw.limit and gw.may_burst(request, self.tenancy):
+                gw.bursts += 1
+                gw.bursting += 1
+                request.burst = True
+                self._admit(gw, request)
+                return
+        gw.push(request)
         self._dispatch(gw)
 
     def _dispatch(self, gw: _Gateway) -> None:
-        while gw.queue and gw.inflight < gw.limit:
-            request = gw.queue.popleft()
-            request.admitted = self.now
-            gw.inflight += 1
-            request.inflight_at_admit = gw.inflight
-            gw.peak = max(gw.peak, gw.inflight)
-            hop = self.conditions.hop_s if self.conditions is not None else 0.0
-            if hop > 0:  # drawn only with a hop: runs without one keep their random sequence
-                self._push(self.now + self.rng.uniform(0.0, hop), "submit", request)
-            else:
-                self._submit(request)
+        while gw.inflight < gw.limit:
+            request = gw.pop()
+            if request is None:
+                break
+            self._admit(gw, request)
+
+    def _admit(self, gw: _Gateway, request: _Request) -> None:
+        request.admitted = self.now
+        gw.inflight += 1
+        if request.tenant is not None:
+            gw.tenants.setdefault(request.tenant.name, [0, 0])[0] += 1
+        request.inflight_at_admit = gw.inflight
+        gw.peak = max(gw.peak, gw.inflight)
+        hop = self.conditions.hop_s if self.conditions is not None else 0.0
+        if hop > 0:  # drawn only with a hop: runs without one keep their random sequence
+            self._push(self.now + self.rng.uniform(0.0, hop), "submit", request)
+        else:
+            self._submit(request)
 
     def _submit(self, request: _Request) -> None:
         try:
@@ -278,13 +377,18 @@ class Harness:
     def _end(self, request: _Request, outcome: Outcome) -> None:
         gw = self.gateways[request.gateway]
         gw.inflight -= 1
+        if request.tenant is not None:
+            gw.tenants[request.tenant.name][0] -= 1
+        if request.burst:
+            gw.bursting -= 1
         sample = RequestSample(
             arrived=request.arrived, admitted=request.admitted, finished=self.now,
             first_token=request.first_token, prompt_tokens=request.prompt,
             output_tokens=request.tokens, outcome=outcome,
         )
         gw.window.add(sample)
-        self.trace.finished.append(Finished(request.gateway, sample))
+        self.trace.finished.append(Finished(request.gateway, sample,
+                                            None if request.tenant is None else request.tenant.name))
         if gw.control is not None and isinstance(gw.control.algorithm, RequestObserver):
             gw.limit = gw.control.algorithm.on_request(self.now, sample, request.inflight_at_admit, gw.inflight)
         self._busy[request.gateway].discard(request.client)
@@ -334,7 +438,7 @@ class Harness:
     def _tick(self, g: int) -> None:
         self._push(self.now + self.control_interval_s, "tick", g)
         gw = self.gateways[g]
-        limiter = LimiterState(gw.limit, gw.inflight, max(gw.peak, gw.inflight), len(gw.queue))
+        limiter = LimiterState(gw.limit, gw.inflight - gw.bursting, max(gw.peak, gw.inflight), gw.queued())
         gw.peak = gw.inflight
         action = reason = "static"
         if gw.control is not None:
@@ -346,4 +450,4 @@ class Harness:
             if decision.limit != gw.limit:
                 gw.limit = decision.limit
                 self._dispatch(gw)
-        self.trace.ticks.append(Tick(g, self.now, gw.limit, gw.inflight, len(gw.queue), action, reason))
+        self.trace.ticks.append(Tick(g, self.now, gw.limit, gw.inflight, gw.queued(), action, reason))
