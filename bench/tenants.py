@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: A chat mix: prompts of 256-1024 tokens, answers of 64-384.
 CHAT = Workload(prompt=(256, 1024), output=(64, 384))
 WARMUP_S = 120.0
-MEASURE_S = 300.0
+MEASURE_S = 900.0
 
 
 def pct(values: list[float], q: float) -> float:

@@ -248,13 +248,13 @@ class AdmissionQueue(Generic[T]):
     def _burst_target(self, eligible: Collection[str] | None, tenant: Tenant) -> T | None:
         """Where a tenant under its share of the slots may run although every permit is taken (see
         :func:`~gateway.server.fair_queue.may_burst`), or None."""
-        if not self.burst or tenant.queued or not tenant.may_run():
-            return None
+        if not self.burst or tenant.queued or not tenant.may_run() or self._best(eligible) is not None:
+            return None  # (a free permit is the queue's to give: someone may be waiting for it)
         weight = self._active_weight + (0.0 if tenant.inflight else tenant.weight)
         best: T | None = None
         for target in self._candidates(eligible):
             limiter = target.limiter
-            if target.healthy and may_burst(inflight=limiter.inflight, limit=limiter.limit, burst=self.burst,
+            if target.healthy and may_burst(inflight=limiter.inflight, bursting=limiter.bursting, limit=limiter.limit, burst=self.burst,
                                             tenant_inflight=tenant.inflight, weight=tenant.weight,
                                             active_weight=weight):
                 if best is None or limiter.inflight - limiter.limit < best.limiter.inflight - best.limiter.limit:

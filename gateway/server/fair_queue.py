@@ -208,7 +208,7 @@ class FairQueue(Generic[W]):
         return None
 
 
-def may_burst(*, inflight: int, limit: int, burst: float, tenant_inflight: int, weight: float,
+def may_burst(*, inflight: int, bursting: int, limit: int, burst: float, tenant_inflight: int, weight: float,
               active_weight: float) -> bool:
     """Whether a request of a tenant with nothing queued may run above an upstream's limit right now.
 
@@ -216,9 +216,12 @@ def may_burst(*, inflight: int, limit: int, burst: float, tenant_inflight: int, 
     generation ends when it ends): their gaps alone make a p99 wait of about a second at usual sweet spots,
     so no order of the queue gets a light tenant through faster. A tenant holding fewer slots than its
     weighted share of the limit (``weight / active_weight``, the weights of every tenant with requests
-    queued or running, its own included) may instead go above the limit, by at most ``burst`` of it (at
-    least one). Nobody is admitted while an upstream is at or over its limit, so the next releases pay it
-    back and in-flight averages the limit the controller set."""
-    if burst <= 0 or active_weight <= 0 or inflight >= limit + max(1, int(limit * burst)):
+    queued or running, its own included) may instead go above the limit by ``burst`` of it (at least one):
+    while ``inflight`` is under limit + that, or, just after the limit was lowered (in-flight still above
+    it), while fewer than that many such requests (``bursting``) run. Nobody else is admitted while an
+    upstream is at or over its limit, so the next releases pay it back and in-flight averages the limit
+    the controller set; the controller judges its limit without them."""
+    allowance = max(1, int(limit * burst))
+    if burst <= 0 or active_weight <= 0 or (inflight >= limit + allowance and bursting >= allowance):
         return False
     return tenant_inflight < limit * weight / active_weight

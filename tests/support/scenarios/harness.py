@@ -197,7 +197,7 @@ class _Gateway:
         active = sum(weights[name] for name, (running, queued) in self.tenants.items() if running or queued)
         if not counts[0]:
             active += spec.weight
-        return may_burst(inflight=self.inflight, limit=self.limit, burst=tenancy.burst, tenant_inflight=counts[0],
+        return may_burst(inflight=self.inflight, bursting=self.bursting, limit=self.limit, burst=tenancy.burst, tenant_inflight=counts[0],
                          weight=spec.weight, active_weight=active)
 
 
