@@ -16,8 +16,8 @@ Cases (each a claim of issue #17):
 * ``weights``: two saturating tenants (100 clients each), weights 3:1: their output tokens.
 * ``classes``: 8 interactive clients and 1,000 + limit batch clients (about 1,000 batch requests queued):
   interactive p99 queue wait, and how full the batch class keeps the slots the interactive one leaves.
-* ``scenarios``: the controller's scenarios (tests/support/scenarios) with and without tenants
-  (two tenants 3:1, clients round robin): every phase's checks and goodput ratio.
+* ``scenarios``: the controller's scenarios (tests/support/scenarios) without tenants, and with two
+  tenants 3:1 and three 3:1:2 (clients round robin): every phase's checks and goodput ratio.
 """
 
 from __future__ import annotations
@@ -124,11 +124,14 @@ def scenarios() -> dict[str, Any]:
     from tests.support.scenarios.catalogue import SCENARIOS
     from tests.support.scenarios.catalogue import run as run_scenario
 
-    tenancy = Tenancy((TenantSpec("a", weight=3.0), TenantSpec("b", weight=1.0)))
+    runs = (("plain", None),
+            ("tenants_3_1", Tenancy((TenantSpec("a", weight=3.0), TenantSpec("b", weight=1.0)))),
+            ("tenants_3_1_2", Tenancy((TenantSpec("a", weight=3.0), TenantSpec("b", weight=1.0),
+                                       TenantSpec("c", weight=2.0)))))
     out: dict[str, Any] = {}
     for scenario in SCENARIOS:
         row = {}
-        for name, given in (("plain", None), ("tenants", tenancy)):
+        for name, given in runs:
             phases = run_scenario(scenario, tenancy=given)
             row[name] = {"ok": all(p.ok for p in phases),
                          "goodput_ratio": [p.goodput_ratio for p in phases],
@@ -151,7 +154,7 @@ def main() -> None:
     for name in args.cases:
         began = time.perf_counter()
         results[name] = CASES[name]()
-        print(f"== {name} ({time.perf_counter() - began:.0f} s of CPU)")
+        print(f"== {name} ({time.perf_counter() - began:.0f} s)")
         print(json.dumps(results[name], indent=2))
     args.json.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.json}")

@@ -214,7 +214,7 @@ def may_burst(*, inflight: int, bursting: int, limit: int, burst: float, tenant_
 
     Why: with every slot busy a request waits for the next release, and releases come at random (a
     generation ends when it ends): their gaps alone make a p99 wait of about a second at usual sweet spots,
-    so no order of the queue gets a light tenant through faster. A tenant holding fewer slots than its
+    so no order of the queue gets a light tenant through faster. A tenant holding fewer slots than half its
     weighted share of the limit (``weight / active_weight``, the weights of every tenant with requests
     queued or running, its own included) may instead go above the limit by ``burst`` of it (at least one):
     while ``inflight`` is under limit + that, or, just after the limit was lowered (in-flight still above
@@ -224,4 +224,4 @@ def may_burst(*, inflight: int, bursting: int, limit: int, burst: float, tenant_
     allowance = max(1, int(limit * burst))
     if burst <= 0 or active_weight <= 0 or (inflight >= limit + allowance and bursting >= allowance):
         return False
-    return tenant_inflight < limit * weight / active_weight
+    return tenant_inflight < limit * weight / active_weight / 2
