@@ -16,6 +16,9 @@ Cases (each a claim of issue #17):
 * ``weights``: two saturating tenants (100 clients each), weights 3:1: their output tokens.
 * ``classes``: 8 interactive clients and 1,000 + limit batch clients (about 1,000 batch requests queued):
   interactive p99 queue wait, and how full the batch class keeps the slots the interactive one leaves.
+* ``live``: the ``noisy`` case over HTTP (``sweetspot sim`` in real time, ``sweetspot serve``, aiohttp
+  clients with two keys), 60 s measured after 30 s: slower and noisier, and only on a machine with cores
+  to spare for 204 streams.
 * ``scenarios``: the controller's scenarios (tests/support/scenarios) without tenants, and with two
   tenants 3:1 and three 3:1:2 (clients round robin): every phase's checks and goodput ratio.
 """
@@ -23,6 +26,7 @@ Cases (each a claim of issue #17):
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import time
@@ -141,7 +145,117 @@ def scenarios() -> dict[str, Any]:
     return out
 
 
-CASES = {"noisy": noisy, "weights": weights, "classes": classes, "scenarios": scenarios}
+LIVE_S = 60.0  # measured, after LIVE_WARMUP_S
+LIVE_WARMUP_S = 30.0
+LIVE_CONFIG = """upstreams = ["{sim}"]
+queue_discipline = "{discipline}"
+[[tenants]]
+name = "quiet"
+api_keys = ["key-quiet"]
+[[tenants]]
+name = "noisy"
+api_keys = ["key-noisy"]
+"""
+
+
+def live() -> dict[str, Any]:
+    """The noisy/quiet case over HTTP: ``sweetspot sim`` (real time), ``sweetspot serve`` with two keyed
+    tenants and the controller on, 200 + 4 streaming closed-loop clients (aiohttp); ``fair`` then ``fifo``.
+    Queue waits and the backend's TTFT are read from the gateway's histograms (so they are bucket bounds:
+    0.25, 0.5, 0.75, 1 s ...); the clients' TTFT is measured exactly."""
+    import tempfile
+
+    from gateway.demo.processes import LISTENING, start_process, sweetspot
+
+    out: dict[str, Any] = {}
+    with start_process(sweetspot("sim", "--port", "0", "--seed", "1"), ready_pattern=LISTENING,
+                       ready_url="{url}/health") as sim:
+        for discipline in ("fair", "fifo"):
+            with tempfile.TemporaryDirectory() as folder:
+                config = Path(folder) / "sweetspot.toml"
+                config.write_text(LIVE_CONFIG.format(sim=sim.url, discipline=discipline))
+                with start_process(sweetspot("serve", "--port", "0", "--config", str(config), "--log-level",
+                                             "warning"), ready_pattern=LISTENING, ready_url="{url}/readyz") as gw:
+                    out[discipline] = asyncio.run(_drive(gw.url))
+    return out
+
+
+async def _drive(url: str) -> dict[str, Any]:
+    import aiohttp
+
+    model = "default"
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async with session.get(f"{url}/v1/models", headers={"authorization": "Bearer key-quiet"}) as resp:
+            model = (await resp.json())["data"][0]["id"]
+        ttfts: dict[str, list[float]] = {"quiet": [], "noisy": []}
+        loop_time = asyncio.get_running_loop().time
+        began = loop_time()
+        stop = began + LIVE_WARMUP_S + LIVE_S
+        rng = __import__("random").Random(7)
+
+        async def client(tenant: str) -> None:
+            headers = {"authorization": f"Bearer key-{tenant}", "content-type": "application/json"}
+            while loop_time() < stop:
+                body = {"model": model, "messages": [{"role": "user", "content": "x " * rng.randint(256, 1024)}],
+                        "max_tokens": rng.randint(64, 384), "stream": True, "ignore_eos": True}
+                sent = loop_time()
+                first = None
+                async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
+                    async for line in resp.content:  # the first token: a delta with content (not the role's)
+                        if first is None and b'"content":"' in line and b'"content":""' not in line:
+                            first = loop_time()
+                if first is not None and sent >= began + LIVE_WARMUP_S and resp.status == 200:
+                    ttfts[tenant].append(first - sent)
+
+        tasks = [asyncio.create_task(client("quiet")) for _ in range(4)]
+        tasks += [asyncio.create_task(client("noisy")) for _ in range(200)]
+        await asyncio.sleep(LIVE_WARMUP_S)
+        metrics_before = await _scrape(session, url)
+        await asyncio.gather(*tasks)
+        metrics_after = await _scrape(session, url)
+    delta = _delta(metrics_before, metrics_after)
+    return {
+        "quiet_requests": len(ttfts["quiet"]),
+        "quiet_queue_p99_s_bucket": _bucket_p99(delta, "sweetspot_tenant_queue_wait_seconds", "quiet"),
+        "noisy_queue_p99_s_bucket": _bucket_p99(delta, "sweetspot_tenant_queue_wait_seconds", "noisy"),
+        "quiet_client_ttft_p99_s": round(pct(ttfts["quiet"], 99), 3),
+        "noisy_client_ttft_p99_s": round(pct(ttfts["noisy"], 99), 3),
+        "backend_ttft_p99_s_bucket": _bucket_p99(delta, "sweetspot_upstream_ttft_seconds", None),
+        "output_tokens_per_s": round(sum(v for (name, _), v in delta.items()
+                                         if name == "sweetspot_tenant_output_tokens_total") / LIVE_S, 1),
+    }
+
+
+async def _scrape(session: Any, url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with session.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def _delta(before: dict, after: dict) -> dict:
+    return {key: value - before.get(key, 0.0) for key, value in after.items()}
+
+
+def _bucket_p99(delta: dict, metric: str, tenant: str | None) -> float | None:
+    """The upper bound of the bucket holding the 99th percentile, over the measured interval."""
+    buckets = []
+    for (name, labels), value in delta.items():
+        found = dict(labels)
+        if name == f"{metric}_bucket" and (tenant is None or found.get("tenant") == tenant):
+            buckets.append((float(found["le"]), value))
+    totals: dict[float, float] = {}
+    for bound, value in buckets:
+        totals[bound] = totals.get(bound, 0.0) + value
+    if not totals or not totals.get(math.inf):
+        return None
+    target = 0.99 * totals[math.inf]
+    return next(bound for bound in sorted(totals) if totals[bound] >= target)
+
+
+CASES = {"noisy": noisy, "weights": weights, "classes": classes, "scenarios": scenarios, "live": live}
 
 
 def main() -> None:
