@@ -44,9 +44,15 @@ class ShareBoard:
         if client is None:
             try:
                 import redis.asyncio as aioredis
+                from redis.asyncio.retry import Retry
+                from redis.backoff import NoBackoff
             except ImportError as exc:  # pragma: no cover - depends on the install
                 raise ValueError("share_redis_url needs the redis client: pip install 'sweetspot-gateway[share]'") from exc
-            client = aioredis.Redis.from_url(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S)
+            # One immediate retry, no backoff: after Redis restarts, the first command finds its pooled connection
+            # closed and goes again on a new one; anything longer is the next tick's business (redis-py 6+ would
+            # otherwise retry with backoff past the tick's timeout).
+            client = aioredis.Redis.from_url(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S,
+                                             retry=Retry(NoBackoff(), 1))
         self._redis = client
         self.ttl_s = ttl_s
         self.replica = replica or replica_id()

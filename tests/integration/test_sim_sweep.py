@@ -28,7 +28,8 @@ MEASURED = 3  # requests per client inside the window
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[RunningProcess]:
-    cmd = sweetspot("sim", "--port", "0", "--time-scale", str(TIME_SCALE))
+    # The oracle's engine gets no prompt hashes, so it models no prefix cache: the server under test neither.
+    cmd = sweetspot("sim", "--port", "0", "--time-scale", str(TIME_SCALE), "--no-prefix-caching")
     with start_process(cmd, ready_pattern=LISTENING, ready_url="{url}/health", timeout=60) as proc:
         yield proc
 

@@ -27,7 +27,8 @@ OUTPUT_TOKENS = 64
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[RunningProcess]:
-    with start_process(sweetspot("sim", "--port", "0", "--time-scale", str(TIME_SCALE)),
+    # The oracle's engine gets no prompt hashes, so it models no prefix cache: the server under test neither.
+    with start_process(sweetspot("sim", "--port", "0", "--time-scale", str(TIME_SCALE), "--no-prefix-caching"),
                        ready_pattern=LISTENING, timeout=60) as proc:
         yield proc
 
