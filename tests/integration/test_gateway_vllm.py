@@ -184,6 +184,31 @@ def test_token_counters_equal_vllms_own(config, gateway) -> None:
              f"vLLM and the gateway both counting {wanted_output} output tokens and the same prompt tokens", 0.1)
 
 
+def test_responses_and_messages_apis_through_the_gateway(config, gateway) -> None:
+    """vLLM serves OpenAI's Responses API and Anthropic's Messages API: through the gateway each answers, with
+    the usage vLLM gives direct, and the gateway's output counter moves exactly as vLLM's own."""
+    import anthropic
+
+    url = config.base_url
+    wait_for(lambda: idle(url), 30, "vLLM idle before counting")
+    before = vllm_metric(url, "vllm:generation_tokens_total")
+    gw_metrics = f"{gateway}/metrics"
+    gw_before = metric_value(gw_metrics, "sweetspot_output_tokens_total", {"upstream": url}) or 0.0
+    direct = sdk(url).responses.create(model=MODEL, input="Once upon a time", max_output_tokens=6)
+    whole = sdk(gateway).responses.create(model=MODEL, input="Once upon a time", max_output_tokens=6)
+    assert whole.usage.input_tokens == direct.usage.input_tokens and whole.usage.output_tokens >= 1
+    events = list(sdk(gateway).responses.create(model=MODEL, input="Once upon a time", max_output_tokens=6,
+                                                stream=True))
+    streamed = [e for e in events if e.type == "response.completed"][-1].response.usage
+    message = anthropic.Anthropic(base_url=gateway, api_key="unused", max_retries=0).messages.create(
+        model=MODEL, max_tokens=6, messages=CHAT)
+    assert message.usage.output_tokens >= 1
+    through = whole.usage.output_tokens + streamed.output_tokens + message.usage.output_tokens
+    wait_for(lambda: (metric_value(gw_metrics, "sweetspot_output_tokens_total", {"upstream": url}) or 0.0)
+             - gw_before == through, 10, f"the gateway counting {through} output tokens", 0.1)
+    assert vllm_metric(url, "vllm:generation_tokens_total") - before == through + direct.usage.output_tokens
+
+
 # --- the backend adapter on the real /metrics ------------------------------------------------------------------------
 
 

@@ -93,9 +93,11 @@ def test_gateway_before_vllm_refuses_with_retry_after_then_serves_then_survives_
     with pytest.raises(openai.APIError) as err:
         for chunk in stream:
             received += sum(1 for c in chunk.choices if c.text)
-            if received == 5:
+            if received == 1:
+                # At the first token: the small model decodes thousands of tokens a second here, so waiting for
+                # more can find the whole answer generated and on its way before the kill lands.
                 os.killpg(server.pid, signal.SIGKILL)  # API server, engine core and worker: no goodbye
-    assert received >= 5
+    assert 1 <= received < 1500
     assert assert_openai_error(err.value.body)["code"] == "upstream_disconnected"
     state = lambda: get_json(f"{gateway}/state")["upstreams"][0]  # noqa: E731
     wait_for(lambda: state()["inflight"] == 0, 5, "the permit released")
