@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass, field
 
 from prometheus_client import Gauge
@@ -198,8 +199,11 @@ def hard_cap(snapshot: BackendSnapshot, upstream: Upstream, planned_kv_tokens: i
     """The most concurrency the upstream can hold: the smallest of what is known of its scheduler's own
     cap (llama-server's slots; vLLM's ``--max-num-seqs``, which it does not publish, so it comes from
     ``backend_max_seqs``) and its KV capacity divided by the typical request's footprint (prompt + output
-    tokens of recent requests). Past the scheduler's cap requests only wait inside the backend, where the
-    gateway can neither order nor time them out. None when nothing is known."""
+    tokens of recent requests, in whole blocks where the block size is known: vLLM gives a request whole
+    blocks from all but one of its blocks, so 128 blocks of 32 hold 15 requests of 232 tokens, not the 17
+    their tokens would fill). Past the
+    scheduler's cap requests only wait inside the backend, where the gateway can neither order nor time them
+    out. None when nothing is known."""
     caps: list[int] = []
     if snapshot.total_slots:
         caps.append(int(snapshot.total_slots))
@@ -210,7 +214,12 @@ def hard_cap(snapshot: BackendSnapshot, upstream: Upstream, planned_kv_tokens: i
         stats = upstream.window.stats(now)
         if stats.mean_prompt_tokens is not None and stats.mean_output_tokens is not None:
             footprint = max(stats.mean_prompt_tokens + stats.mean_output_tokens, 1.0)
-            caps.append(max(int(capacity // footprint), 1))
+            block = snapshot.kv_block_size if snapshot.kv_capacity_tokens else None
+            if block:
+                usable_blocks = capacity // block - 1  # vLLM holds one block back as its null block
+                caps.append(max(usable_blocks // math.ceil(footprint / block), 1))
+            else:
+                caps.append(max(int(capacity // footprint), 1))
     return min(caps) if caps else None
 
 

@@ -19,6 +19,14 @@ from gateway.control.window import Outcome, RequestSample
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.server.upstreams import Upstream
 
+# Seconds the request waited in the gateway's queue, on every proxied answer: a client can take it off its
+# own TTFT to see what the backend took (what the TTFT objective judges), and tell the queue from the backend.
+QUEUE_HEADER = "x-sweetspot-queue-seconds"
+
+
+def queue_header_value(seconds: float) -> str:
+    return f"{max(seconds, 0.0):.3f}"
+
 
 @dataclass
 class RequestTracker:

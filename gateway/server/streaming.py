@@ -12,6 +12,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.control.window import Outcome
+from gateway.server.measure import QUEUE_HEADER, queue_header_value
 from gateway.server.request_watch import RequestWatch, Stop
 from gateway.server.sse import StreamWatcher
 from gateway.server.upstream_client import UpstreamReply
@@ -35,6 +36,7 @@ class ProxyStreamResponse(Response):
         sse: StreamWatcher,
         *,
         request_id: str,
+        queue_seconds: float,
         watch: RequestWatch,
         first_token_deadline: float,
         on_done: Callable[[Outcome], None],
@@ -48,6 +50,7 @@ class ProxyStreamResponse(Response):
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),  # nginx and friends in front: do not buffer the stream
             (b"x-request-id", request_id.encode("latin-1")),
+            (QUEUE_HEADER.encode(), queue_header_value(queue_seconds).encode()),
         ]
         self._reply = reply
         self._sse = sse

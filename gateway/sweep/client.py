@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 
 from gateway.sweep.workload import ApiKind, RequestSpec
+from gateway.server.measure import QUEUE_HEADER
 from gateway.server.resend import STALE_CONNECTION_ERRORS
 
 REJECT_STATUSES = frozenset({429, 503})  # overload answers (a gateway's queue), not backend failures
@@ -91,6 +92,7 @@ class RequestRecord:
     output_tokens: int = 0
     prompt_tokens: int | None = None
     usage_reported: bool = False
+    queue_seconds: float | None = None  # a sweetspot gateway's X-Sweetspot-Queue-Seconds: its queue's part of TTFT
 
     @property
     def rejected(self) -> bool:
@@ -100,6 +102,12 @@ class RequestRecord:
     @property
     def ttft(self) -> float | None:
         return self.chunk_times[0] - self.start if self.chunk_times else None
+
+    @property
+    def upstream_ttft(self) -> float | None:
+        """TTFT net of a gateway's queue (the whole TTFT when no gateway said): what the backend took."""
+        ttft = self.ttft
+        return None if ttft is None else ttft - (self.queue_seconds or 0.0)
 
     @property
     def latency(self) -> float | None:
@@ -150,6 +158,13 @@ class SSEDecoder:
             events.append(b"\n".join(self._data))
             self._data = []
         return events
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except ValueError:
+        return None
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
@@ -231,6 +246,7 @@ class StreamClient:
         try:
             async with await self._post(payload, headers, record) as resp:
                 record.status = resp.status
+                record.queue_seconds = _seconds(resp.headers.get(QUEUE_HEADER))
                 if resp.status != 200:
                     record.retry_after = _retry_after(resp.headers)
                     record.error = f"HTTP {resp.status}: {_error_message(await resp.read())}"

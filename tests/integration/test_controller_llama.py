@@ -29,7 +29,7 @@ How it stays honest on a small shared machine:
   still failed, at 0.896 against static 8, while holding the slots all along).
 * The bar is never loosened: a failure prints every run.
 
-Faster controller settings (``FAST_CONTROL``, in ``tests/support/llama.py``) let it converge within the
+Faster controller settings (``FAST_CONTROL``, in ``tests/support/closed_loop.py``) let it converge within the
 test: a tick every 0.5 s instead of 2 s, 1 s to settle and 2 s per throughput reading instead of 2 s and 6 s
 (this server's tokens arrive at a steady few hundred per second, so 2 s readings hold a few hundred tokens),
 a 5 s window, a re-probe every 10 s of busy time instead of 30 s (so the cost of probing shows in the
@@ -50,18 +50,13 @@ the answer stays the same, up to one every 16 periods.
 
 from __future__ import annotations
 
-import asyncio
-import statistics
-import time
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import pytest
 
-from gateway.sweep.client import StreamClient, Target
-from gateway.sweep.loadgen import ClosedLoopPool
-from gateway.sweep.workload import RequestFactory, Workload, parse_length
-from tests.support.gateway import get_json, start_gateway
-from tests.support.llama import FAST_CONTROL, MODEL, llama_config, start_llama_server
+from gateway.sweep.workload import Workload, parse_length
+from tests.support.closed_loop import limit_of, rotated_rounds, start_configurations, stream_load
+from tests.support.llama import MODEL, llama_config, start_llama_server
 
 SLOTS = 4
 CLIENTS = 4 * SLOTS
@@ -76,75 +71,26 @@ WORKLOAD = Workload(api="completions", prompt_len=parse_length(16), output_len=p
 @pytest.fixture(scope="module")
 def gateways(module_processes) -> dict[str, str]:
     llama = start_llama_server(module_processes, llama_config(parallel=SLOTS, threads=1)).url
-    configs: dict[str, tuple[str, ...]] = {"controller": ()}
-    configs |= {f"static {k}": ("--no-control", "--initial-limit", str(k)) for k in STATIC_LIMITS}
-    with ThreadPoolExecutor(len(configs)) as pool:  # each gateway takes a second or two to import and start
-        started = {name: pool.submit(start_gateway, module_processes, [llama], *args, env=FAST_CONTROL)
-                   for name, args in configs.items()}
-        return {name: future.result().url for name, future in started.items()}
-
-
-def limit_of(gateway: str) -> int:
-    return int(get_json(f"{gateway}/state")["upstreams"][0]["limit"])
-
-
-async def run_load(gateway: str, seconds: float, *, warmup_s: float = WARMUP_S,
-                   on_tick=None) -> float:  # type: ignore[no-untyped-def]
-    """CLIENTS closed-loop streaming clients for ``warmup_s + seconds``; tokens/s that arrived after the
-    warm-up. The tiny model streams one chunk per token, so chunks are tokens."""
-    async with StreamClient(Target(gateway, api="completions", model=MODEL)) as client:
-        pool = ClosedLoopPool(client, RequestFactory(WORKLOAD), concurrency=CLIENTS)
-        pool.start()
-        try:
-            await asyncio.sleep(warmup_s)
-            chunks0, t0 = pool.stats().chunks, time.perf_counter()
-            deadline = t0 + seconds
-            while (now := time.perf_counter()) < deadline:
-                if on_tick is not None:
-                    on_tick()
-                await asyncio.sleep(min(0.5, deadline - now))
-            chunks1, t1 = pool.stats().chunks, time.perf_counter()
-            stats = pool.stats()
-        finally:
-            await pool.stop(drain_timeout_s=0)  # hang up on what is left: the gateways free the slots at once
-    assert stats.failed == 0, f"{stats.failed} requests failed through {gateway}"
-    return (chunks1 - chunks0) / (t1 - t0)
+    return start_configurations(module_processes, llama, STATIC_LIMITS)
 
 
 async def test_controller_settles_at_the_slots_with_the_best_static_throughput(gateways) -> None:
     controller = gateways["controller"]
+    load = partial(stream_load, model=MODEL, workload=WORKLOAD, clients=CLIENTS)
     limits: list[int] = []
-
-    def watch() -> None:
-        limits.append(limit_of(controller))
-
     # Converge: from the default initial limit, under a load of 4x the slots.
-    await run_load(controller, CONVERGE_S, warmup_s=0.0, on_tick=watch)
+    await load(controller, seconds=CONVERGE_S, warmup_s=0.0, on_tick=lambda: limits.append(limit_of(controller)))
     converged_at = limit_of(controller)
     settled: list[int] = []
 
-    def watch_settled() -> None:
-        settled.append(limit_of(controller))
+    async def run(name: str) -> float:
+        watch = (lambda: settled.append(limit_of(controller))) if name == "controller" else None
+        return (await load(gateways[name], seconds=MEASURE_S, warmup_s=WARMUP_S, on_tick=watch)).tokens_per_s
 
-    runs: dict[str, list[float]] = {name: [] for name in gateways}
-    order = list(gateways)
-    for round_index in range(ROUNDS):
-        rotated = order[round_index % len(order):] + order[:round_index % len(order)]
-        for name in rotated:
-            runs[name].append(await run_load(gateways[name], MEASURE_S,
-                                             on_tick=watch_settled if name == "controller" else None))
-    medians = {name: statistics.median(values) for name, values in runs.items()}
-    # The controller against each static limit round by round (their runs a few seconds apart), the
-    # median over the rounds; the best static limit is the one it compares worst with.
-    paired = {name: statistics.median(c / s for c, s in zip(runs["controller"], values))
-              for name, values in runs.items() if name != "controller"}
-    best_static = min(paired, key=paired.__getitem__)
-    report = (f"limit while converging {limits}, at the end {converged_at}, while measured {settled}; "
-              f"tokens/s per run {({n: [round(v) for v in vs] for n, vs in runs.items()})}; "
-              f"medians {({n: round(v) for n, v in medians.items()})}; controller / static, median of the "
-              f"rounds {({n: round(r, 3) for n, r in paired.items()})}; best static: {best_static}")
+    comparison = await rotated_rounds(list(gateways), ROUNDS, run)
+    report = f"limit while converging {limits}, at the end {converged_at}, while measured {settled}; {comparison.report()}"
     print(report)
 
     assert settled and max(settled) <= SLOTS, report
     assert converged_at <= SLOTS, report
-    assert paired[best_static] >= 0.9, report
+    assert comparison.paired[comparison.best_static] >= 0.9, report

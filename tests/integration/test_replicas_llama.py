@@ -31,7 +31,8 @@ from gateway.sweep.client import StreamClient, Target
 from gateway.sweep.loadgen import ClosedLoopPool
 from gateway.sweep.workload import RequestFactory, Workload, parse_length
 from tests.support.gateway import get_json, start_gateway
-from tests.support.llama import FAST_CONTROL, MODEL, llama_config, start_llama_server
+from tests.support.closed_loop import FAST_CONTROL
+from tests.support.llama import MODEL, llama_config, start_llama_server
 from tests.support.redis_server import start_redis
 
 SLOTS = 12

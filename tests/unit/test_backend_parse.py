@@ -42,7 +42,13 @@ def test_vllm_v0_recording_old_names_and_kv_capacity() -> None:
     assert snap.preemptions_total == 0.0
     assert (snap.prompt_tokens_total, snap.generation_tokens_total) == (148.0, 955.0)
     assert snap.kv_capacity_tokens == 81767 * 16  # num_gpu_blocks * block_size from cache_config_info
+    assert snap.kv_block_size == 16
     assert snap.itl_count is None and snap.ttft_count is None  # not in this (cut-off) listing
+
+
+def test_vllm_0_32_cpu_recording_kv_size_and_block_size() -> None:
+    snap = vllm_snapshot(samples_of(VLLM / "v1_0.32.0-cpu_tiny-llama_sweetspot.prom"), taken_at=0.0)
+    assert (snap.kv_capacity_tokens, snap.kv_block_size) == (3072, 32)  # kv_cache_size_tokens, block_size
 
 
 def test_vllm_early_v1_recording_still_on_gpu_cache_usage_perc() -> None:

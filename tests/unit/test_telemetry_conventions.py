@@ -107,6 +107,17 @@ def test_hard_cap_is_the_smallest_known_real_limit() -> None:
     assert hard_cap(BackendSnapshot(kind="vllm"), upstream, None, None, now=10.0) is None
 
 
+def test_hard_cap_counts_whole_kv_blocks() -> None:
+    # 232 tokens a request take 8 blocks of 32 (256 tokens), and vLLM keeps one block back (its null block):
+    # 128 blocks hold 127 // 8 = 15 such requests, not the 17 that 4,096 tokens / 232 would say.
+    upstream = upstream_with_requests(prompt=32, output=200)
+    blocks = BackendSnapshot(kind="vllm", kv_capacity_tokens=128 * 32, kv_block_size=32)
+    assert hard_cap(blocks, upstream, None, None, now=10.0) == 15
+    assert hard_cap(BackendSnapshot(kind="vllm", kv_capacity_tokens=128 * 32), upstream, None, None, now=10.0) == 17
+    # A planned capacity (no scrape) has no block size to round by.
+    assert hard_cap(BackendSnapshot(kind="vllm", kv_block_size=32), upstream, 4096, None, now=10.0) == 17
+
+
 @pytest.fixture
 def root_logging() -> Iterator[None]:
     """configure_logging replaces the root handlers; put pytest's back afterwards."""

@@ -24,7 +24,7 @@ from gateway.server.drain import DRAIN_RETRY_AFTER_S
 from gateway.server.errors import error_response, sse_error_event
 from gateway.server.event_streams import NamedEventFilter
 from gateway.server.logs import access_enabled, log_access
-from gateway.server.measure import RequestTracker
+from gateway.server.measure import QUEUE_HEADER, RequestTracker, queue_header_value
 from gateway.server.parts import Gateway
 from gateway.server.routing import RouteHint
 from gateway.server.request_watch import ClientGone, RequestWatch, ServerShutdown
@@ -74,8 +74,10 @@ class Forward:
 
     def _answer(self, response: Response) -> Response:
         streams = isinstance(response, ProxyStreamResponse)
-        if not streams:  # a stream is built with it, and logged when it ends
+        if not streams:  # a stream is built with them, and logged when it ends
             response.headers["x-request-id"] = self.request_id
+            if self.permit is not None:
+                response.headers[QUEUE_HEADER] = queue_header_value(self.tracker.queue_wait)
             self._log_access(response.status_code)
         metrics = self.gateway.metrics
         metrics.child(metrics.requests, self.route.path, str(response.status_code), self.tracker.model).inc()
@@ -307,7 +309,8 @@ class Forward:
             return sse_error_event(message, code=code, status=status, dialect=route.dialect,
                                    named=route.named_events)
 
-        return ProxyStreamResponse(reply, sse, request_id=self.request_id, watch=watch,
+        return ProxyStreamResponse(reply, sse, request_id=self.request_id, queue_seconds=self.tracker.queue_wait,
+                                   watch=watch,
                                    first_token_deadline=first_token_deadline, on_done=done, error_event=error_event)
 
     async def _buffered(self, permit: Permit[Upstream], reply: UpstreamReply, watch: RequestWatch) -> Response:

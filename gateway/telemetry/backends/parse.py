@@ -111,6 +111,18 @@ def _kv_capacity_tokens(samples: Samples) -> int | None:
     return capacity or None
 
 
+def _kv_block_size(samples: Samples) -> int | None:
+    """Tokens per KV block from ``vllm:cache_config_info`` (the largest when engines differ: the coarser
+    rounding is the safer one)."""
+    sizes: list[int] = []
+    for labels, _ in samples.get("vllm:cache_config_info", ()):
+        try:
+            sizes.append(int(labels["block_size"]))
+        except (KeyError, ValueError):
+            continue
+    return max(sizes) if sizes else None
+
+
 def vllm_snapshot(samples: Samples, taken_at: float) -> BackendSnapshot:
     """vLLM's signals; fields vLLM does not report (this version) stay None."""
     itl_sum, itl_count = _histogram(samples, VLLM_ITL)
@@ -122,6 +134,7 @@ def vllm_snapshot(samples: Samples, taken_at: float) -> BackendSnapshot:
         waiting=_total(samples, ["vllm:num_requests_waiting"]),
         kv_usage=_maximum(samples, VLLM_KV_USAGE),
         kv_capacity_tokens=_kv_capacity_tokens(samples),
+        kv_block_size=_kv_block_size(samples),
         preemptions_total=_total(samples, VLLM_PREEMPTIONS),
         prompt_tokens_total=_total(samples, ["vllm:prompt_tokens_total"]),
         generation_tokens_total=_total(samples, ["vllm:generation_tokens_total"]),

@@ -37,6 +37,7 @@ class BackendSnapshot:
     # KV cache
     kv_usage: float | None = None  # 0..1; llama-server no longer reports it
     kv_capacity_tokens: int | None = None  # vLLM cache_config_info: kv_cache_size_tokens or blocks * block_size
+    kv_block_size: int | None = None  # tokens per KV block (vLLM allocates a request whole blocks)
     preemptions_total: float | None = None
     # cumulative counters
     prompt_tokens_total: float | None = None
