@@ -26,16 +26,15 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import pytest
 
 from gateway.sweep.workload import Workload, parse_length
 from tests.support.closed_loop import (
-    FAST, Objectives, limit_of, rotated_rounds, stream_load, upstream_state, whole_load,
+    Objectives, limit_of, rotated_rounds, start_configurations, stream_load, upstream_state, whole_load,
 )
-from tests.support.gateway import metric_value, start_gateway
+from tests.support.gateway import metric_value
 from tests.support.vllm import KNEE, MODEL, start_vllm, vllm_config
 
 BLOCK = 32
@@ -58,16 +57,6 @@ def vllm_url(module_processes) -> str:
     config = vllm_config(KNEE, max_num_seqs=64, num_gpu_blocks=KV_BLOCKS, max_model_len=1024, block_size=BLOCK)
     start_vllm(module_processes, config, timeout=600)
     return config.base_url
-
-
-def start_gateways(module_processes, vllm_url: str) -> dict[str, str]:
-    configs: dict[str, tuple[str, ...]] = {"controller": ()}
-    configs |= {f"static {k}": ("--no-control", "--initial-limit", str(k))
-                for k in STATIC_LIMITS}
-    with ThreadPoolExecutor(len(configs)) as pool:
-        started = {name: pool.submit(start_gateway, module_processes, [vllm_url], *args, env=FAST)
-                   for name, args in configs.items()}
-        return {name: future.result().url for name, future in started.items()}
 
 
 def vllm_counter(url: str, name: str) -> float:
@@ -100,7 +89,7 @@ def changes(state: dict) -> list[str]:
 async def compare(module_processes, vllm_url: str, load, *, by_goodput: bool) -> None:
     """Converge the controller under ``load``, then rotated rounds of every configuration; assert the issue's bar,
     on goodput (``by_goodput``) or on throughput."""
-    gateways = start_gateways(module_processes, vllm_url)
+    gateways = start_configurations(module_processes, vllm_url, STATIC_LIMITS)
     controller = gateways["controller"]
     config = upstream_state(controller)["controller"]["config"]
     objectives = Objectives(ttft_s=config["ttft_p99_slo_s"], tpot_s=config["tpot_p99_slo_s"])
