@@ -43,6 +43,8 @@ def plan(
     block_tokens: str = typer.Option("1", "--block-tokens", help="KV allocation granularity in tokens for the planner's view (vLLM: 16, llama.cpp: 1)."),
     batched_tokens: Optional[str] = typer.Option(None, "--max-num-batched-tokens", help="vLLM's --max-num-batched-tokens for its view (default: vllm serve's, 2048, or 8192 on GPUs >= 70 GiB)."),
     vllm_block: str = typer.Option("16", "--vllm-block-size", help="vLLM's --block-size for its view (GPU default 16; read the CPU build's from its log)."),
+    vllm_batches: str = typer.Option("2", "--vllm-concurrent-batches", help="Batches vLLM keeps in flight for its view: 2 with async scheduling (GPU default), 1 on the CPU build or with --no-async-scheduling."),
+    vllm_prefix_caching: bool = typer.Option(True, "--vllm-prefix-caching/--vllm-no-prefix-caching", help="vLLM's prefix caching for its view (vllm serve's default: on; hybrids then reserve two state pages per request)."),
     bandwidth_gbs: Optional[str] = typer.Option(None, "--bandwidth-gbs", help="Memory bandwidth in GB/s for a decode-speed ceiling."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
@@ -108,6 +110,8 @@ def plan(
             kv_cache_gb=positive(kv_cache_gb, "--kv-cache-gb"),
             max_num_batched_tokens=count(batched_tokens, "--max-num-batched-tokens"),
             vllm_block_size=parse_int(vllm_block, "--vllm-block-size"),
+            vllm_concurrent_batches=parse_int(vllm_batches, "--vllm-concurrent-batches"),
+            vllm_prefix_caching=vllm_prefix_caching,
         )
     except (ValueError, OSError) as exc:
         message = " ".join(str(exc).split())  # one line, whatever the source wrote

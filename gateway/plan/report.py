@@ -16,7 +16,13 @@ from gateway.plan.arith import CapacityPlan, plan_capacity, plan_fixed_kv
 from gateway.plan.decode import decode_bound
 from gateway.plan.shape import ModelShape
 from gateway.plan.units import GIB, MIB
-from gateway.plan.vllm_view import VLLM_BLOCK_SIZE, LayerSpec, layer_specs, vllm_kv_view
+from gateway.plan.vllm_view import (
+    VLLM_BLOCK_SIZE,
+    VLLM_GPU_CONCURRENT_BATCHES,
+    LayerSpec,
+    layer_specs,
+    vllm_kv_view,
+)
 
 DEFAULT_GPUS_GB = (16.0, 24.0, 32.0, 48.0, 80.0)
 DEFAULT_CONTEXTS = (4096, 8192, 16384, 32768)
@@ -31,13 +37,20 @@ def _vllm_batched_tokens(gpu_gb: float | None, given: int | None) -> int:
 
 
 def _vllm_cells(
-    plan: CapacityPlan, specs: list[LayerSpec], contexts: Sequence[int], block: int, batched: int
+    plan: CapacityPlan,
+    specs: list[LayerSpec],
+    contexts: Sequence[int],
+    block: int,
+    batched: int,
+    batches: int,
+    prefix_caching: bool,
 ) -> dict[str, Any] | None:
     if not plan.fits:
         return None
     cells: dict[str, Any] = {}
     for ctx in contexts:
-        view = vllm_kv_view(specs, plan.kv_memory_bytes, ctx, block, batched)
+        view = vllm_kv_view(specs, plan.kv_memory_bytes, ctx, block, batched, concurrent_batches=batches,
+                            prefix_caching=prefix_caching)
         if view is None:
             return None
         cells[str(ctx)] = {
@@ -47,10 +60,13 @@ def _vllm_cells(
             "num_blocks": view.num_blocks,
             "blocks_per_request": view.blocks_per_request,
         }
-    first = vllm_kv_view(specs, plan.kv_memory_bytes, contexts[0], block, batched)
+    first = vllm_kv_view(specs, plan.kv_memory_bytes, contexts[0], block, batched, concurrent_batches=batches,
+                         prefix_caching=prefix_caching)
     assert first is not None
     return {
         "max_num_batched_tokens": batched,
+        "concurrent_batches": batches,
+        "prefix_caching": prefix_caching,
         "block_size": first.block_size,
         "page_bytes": first.page_bytes,
         "groups": first.groups,
@@ -62,19 +78,20 @@ def _vllm_cells(
 
 def _difference(shape: ModelShape, specs: list[LayerSpec]) -> list[str]:
     """How vLLM's logged figures differ from the planner's for this model, in words."""
-    notes = ["vLLM's KV cache size counts whole blocks; its maximum concurrency is blocks / blocks per "
-             "request of exactly max_model_len tokens (each --context here), a float"]
+    notes = ["vLLM's maximum concurrency is whole blocks / the blocks one request of exactly max_model_len "
+             "tokens (each --context here) reserves, a float; its KV cache size is that concurrency x "
+             "max_model_len, so it depends on the context and counts reservations, not the pool"]
     if shape.sliding_layers or shape.chunked_layers:
-        notes.append("a sliding/chunked layer reserves window - 1 + max_num_batched_tokens tokens (+1 block) "
-                     "per request in vLLM, the planner only the window")
+        notes.append("a sliding/chunked layer reserves window - 1 + max_num_batched_tokens x batches in flight "
+                     "tokens (+1 block) per request in vLLM, the planner only the window")
     if any(spec.kind == "state" for spec in specs):
         notes.append("hybrid: vLLM raises the attention block size until a page holds one linear-attention "
-                     "state, pads the state to it, and divides its blocks among the groups: its token count is "
-                     "blocks / groups x block size, a fraction of the planner's KV tokens")
+                     "state, pads the state to it, divides its blocks among the groups, and reserves two state "
+                     "pages per request with prefix caching (one without)")
     kinds = {spec.kind for spec in specs}
     if len(kinds) > 1:
         notes.append("mixed layer kinds: vLLM splits layers into equal-size groups (padding the last of a "
-                     "kind) and logs tokens per group, not per model")
+                     "kind); a request reserves blocks in every group")
     return notes
 
 
@@ -89,6 +106,8 @@ def build_report(
     kv_cache_gb: float | None = None,
     max_num_batched_tokens: int | None = None,
     vllm_block_size: int = VLLM_BLOCK_SIZE,
+    vllm_concurrent_batches: int = VLLM_GPU_CONCURRENT_BATCHES,
+    vllm_prefix_caching: bool = True,
 ) -> dict[str, Any]:
     """Every number the plan shows, as JSON-ready values.
 
@@ -121,7 +140,8 @@ def build_report(
                 "max_sequences": {
                     str(ctx): (plan.max_sequences(ctx, block_tokens) if plan.fits else None) for ctx in contexts
                 },
-                "vllm": _vllm_cells(plan, specs, contexts, vllm_block_size, batched),
+                "vllm": _vllm_cells(plan, specs, contexts, vllm_block_size, batched, vllm_concurrent_batches,
+                                    vllm_prefix_caching),
             }
         )
     warnings = []
@@ -136,9 +156,12 @@ def build_report(
     assumptions = list(shape.assumptions)
     if kv_cache_gb is None:
         assumptions.append(f"runtime overhead {overhead_gb:g} GiB (activations, CUDA graphs): measure yours")
+    caching = "on: two state pages per request for linear attention" if vllm_prefix_caching else "off"
     assumptions.append(
-        f"vLLM view: block size {vllm_block_size} (--vllm-block-size), prefix caching off for linear-attention state (one page per "
-        "request), max_num_batched_tokens as vllm serve defaults it unless --max-num-batched-tokens"
+        f"vLLM view (vLLM 0.32.0's rules): block size {vllm_block_size} (--vllm-block-size), prefix caching "
+        f"{caching} (--vllm-prefix-caching), {vllm_concurrent_batches} batch(es) in flight "
+        "(--vllm-concurrent-batches: 2 with async scheduling on a GPU, 1 on the CPU build), "
+        "max_num_batched_tokens as vllm serve defaults it unless --max-num-batched-tokens"
     )
     report: dict[str, Any] = {
         "model": shape.describe(),
@@ -294,18 +317,16 @@ def render(report: dict[str, Any], console: Any | None = None) -> None:
         table = Table(title=title, box=box.SIMPLE_HEAD)
         table.add_column("GPU")
         table.add_column("batched tokens", justify="right")
-        table.add_column("KV cache size", justify="right")
         for ctx in report["contexts"]:
-            table.add_column(f"max conc. {_ctx(ctx)}", justify="right")
+            table.add_column(f"{_ctx(ctx)}: KV tokens, max conc.", justify="right")
         for gpu in views:
             view = gpu["vllm"]
             cells = []
             for ctx in report["contexts"]:
                 cell = view["by_context"][str(ctx)]
-                text = f"{cell['max_concurrency']:.2f}x"
+                text = f"{cell['kv_cache_tokens']:,}, {cell['max_concurrency']:.2f}x"
                 cells.append(text if cell["starts"] else f"[red]{text} (refuses to start)[/red]")
-            tokens = view["by_context"][str(report["contexts"][0])]["kv_cache_tokens"]
-            table.add_row(_row_label(gpu), f"{view['max_num_batched_tokens']:,}", f"{tokens:,} tokens", *cells)
+            table.add_row(_row_label(gpu), f"{view['max_num_batched_tokens']:,}", *cells)
         console.print(table)
         for note in report["vllm_differs"]:
             console.print(f"[dim]- {note}[/dim]")

@@ -87,7 +87,11 @@ def require_vllm() -> Path:
 
 @dataclass(frozen=True)
 class HFModelSpec:
-    """A random-weight Llama written by ``make_hf_model.py``; the cache key is every field."""
+    """A random-weight model written by ``make_hf_model.py``; the cache key is every field.
+
+    ``model_type`` is a Transformers model type (a Llama by default); ``config`` adds or overrides fields of
+    that family's config (a sliding window, experts, MLA ranks, ...) as ``(name, value)`` pairs.
+    """
 
     layers: int = 4
     hidden: int = 256
@@ -97,12 +101,24 @@ class HFModelSpec:
     vocab: int = 1024
     max_positions: int = 4096
     seed: int = 0
+    model_type: str = "llama"
+    config: tuple[tuple[str, object], ...] = ()
+
+    def _fields(self) -> dict[str, object]:
+        """Every field, less a default ``model_type``/``config``, so a Llama's key is what it always was."""
+        fields = asdict(self)
+        if self.model_type == "llama" and not self.config:
+            del fields["model_type"], fields["config"]
+        else:
+            fields["config"] = dict(self.config)
+        return fields
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(self._fields(), sort_keys=True).encode()).hexdigest()[:12]
 
     def args(self) -> list[str]:
-        return [arg for name, value in asdict(self).items() for arg in (f"--{name.replace('_', '-')}", str(value))]
+        return [arg for name, value in self._fields().items()
+                for arg in (f"--{name.replace('_', '-')}", json.dumps(value) if name == "config" else str(value))]
 
 
 #: For functional tests: 3M parameters, a decode step costs next to nothing.
@@ -119,7 +135,7 @@ def ensure_model(spec: HFModelSpec = SMALL, python: Path | None = None) -> Path:
     so nobody sees half a model.
     """
     root = cache_dir() / "hf-models"
-    path = root / f"llama-{spec.layers}x{spec.hidden}-{spec.key()}"
+    path = root / f"{spec.model_type}-{spec.layers}x{spec.hidden}-{spec.key()}"
     if (path / "config.json").is_file():
         return path
     root.mkdir(parents=True, exist_ok=True)
@@ -147,6 +163,7 @@ class VllmConfig:
     block_size: int = 32
     num_gpu_blocks: int | None = None  # --num-gpu-blocks-override: the KV budget in blocks
     kv_space_gib: float = 1.0  # VLLM_CPU_KVCACHE_SPACE when no block count is forced
+    kv_cache_bytes: int | None = None  # --kv-cache-memory-bytes: an exact budget (the env var is whole GiB)
     memory_fraction: float = 0.25  # --gpu-memory-utilization: on the CPU build, the share of RAM it may take
     threads: int = 1
     extra: tuple[str, ...] = ()
@@ -164,11 +181,15 @@ class VllmConfig:
                "--disable-uvicorn-access-log"]
         if self.num_gpu_blocks is not None:
             cmd += ["--num-gpu-blocks-override", str(self.num_gpu_blocks)]
+        if self.kv_cache_bytes is not None:
+            cmd += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
         return cmd + list(self.extra)
 
     def env(self) -> dict[str, str]:
+        # the CPU build lets VLLM_CPU_KVCACHE_SPACE overwrite --kv-cache-memory-bytes (vllm/platforms/cpu.py)
+        space = {} if self.kv_cache_bytes is not None else {"VLLM_CPU_KVCACHE_SPACE": f"{self.kv_space_gib:g}"}
         return {
-            "VLLM_CPU_KVCACHE_SPACE": f"{self.kv_space_gib:g}",
+            **space,
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",
             "OMP_NUM_THREADS": str(self.threads),
             "VLLM_CACHE_ROOT": str(cache_dir() / "vllm-runtime"),  # compiled graphs, reused between runs

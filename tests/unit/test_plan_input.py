@@ -174,23 +174,29 @@ def test_fixed_kv_budget_and_vllm_view_in_json(tmp_path: Path) -> None:
     # 32 x 4096 x 4096 = 536,870,912 per sequence -> exactly 16
     assert row["kv_memory_bytes"] == 8_589_934_592
     assert row["max_sequences"] == {"32768": 16}
-    # vLLM: 8,589,934,592 // 65,536 // 32 = 4096 blocks = 65,536 tokens;
-    # a 32K request reserves ceil(min(4095 + 2048, 32768) / 16) + 1 = 384 + 1 = 385 blocks -> 4096 / 385 = 10.64x
+    # vLLM: 8,589,934,592 // 65,536 // 32 = 4096 blocks (65,536 tokens of pool);
+    # a 32K request reserves ceil(min(4095 + 2 x 2048, 32768) / 16) + 1 = 512 + 1 = 513 blocks (2 batches in
+    # flight, a GPU's async scheduling) -> 4096 / 513 = 7.98x; tokens int(7.9844 x 32768) = 261,632
     vllm = row["vllm"]
-    assert vllm["max_num_batched_tokens"] == 2048
+    assert (vllm["max_num_batched_tokens"], vllm["concurrent_batches"], vllm["prefix_caching"]) == (2048, 2, True)
     cell = vllm["by_context"]["32768"]
-    assert (cell["kv_cache_tokens"], cell["blocks_per_request"], cell["max_concurrency"]) == (65_536, 385, 10.64)
+    assert (cell["kv_cache_tokens"], cell["blocks_per_request"], cell["max_concurrency"]) == (261_632, 513, 7.98)
     assert any("sliding" in note for note in report["vllm_differs"])
+    # one batch in flight (the CPU build): ceil((4095 + 2048) / 16) + 1 = 385 -> 10.64x; int(10.6390 x 32768) = 348,617
+    single = _invoke(["--hf-config", str(path), "--kv-cache-gb", "8", "--context", "32K",
+                      "--max-num-batched-tokens", "2048", "--vllm-concurrent-batches", "1", "--json"])
+    cell = json.loads(single.output)["gpus"][0]["vllm"]["by_context"]["32768"]
+    assert (cell["kv_cache_tokens"], cell["blocks_per_request"], cell["max_concurrency"]) == (348_617, 385, 10.64)
     table = _invoke(["--hf-config", str(path), "--kv-cache-gb", "8", "--context", "32K"])
     assert table.exit_code == 0, table.output
     flat = " ".join(table.output.split())
-    assert "What vLLM will log" in flat and "65,536 tokens" in flat and "KV 8 GiB" in flat
+    assert "What vLLM will log" in flat and "261,632, 7.98x" in flat and "KV 8 GiB" in flat
 
 
 def test_vllm_refuses_when_one_request_does_not_fit(tmp_path: Path) -> None:
     path = _config(tmp_path, LLAMA31_8B)
-    # 0.5 GiB of KV: 4096 blocks of 16 tokens / 32 layers... = 536,870,912 // 65,536 // 32 = 256 blocks = 4096 tokens;
-    # a 128K request needs 8192 blocks: vLLM will not start
+    # 0.5 GiB of KV: 536,870,912 // 65,536 // 32 = 256 blocks; a 128K request needs 8192 blocks: vLLM will not
+    # start; it would log int(256 / 8192 x 131,072) = 4096 tokens
     result = _invoke(["--hf-config", str(path), "--kv-cache-gb", "0.5", "--context", "128K", "--json"])
     assert result.exit_code == 0, result.output
     cell = json.loads(result.output)["gpus"][0]["vllm"]["by_context"]["131072"]

@@ -8,10 +8,12 @@ utilisation 0.9 with a 2 GiB overhead:
 
     budget = 80 x 2^30 x 0.9 = 77,309,411,328 B;  less 2 GiB overhead = 75,161,927,680 B before weights
 
-and vLLM's own figures (block 16; max_num_batched_tokens 8192, vllm serve's default on a GPU >= 70 GiB):
+and vLLM's own figures (vLLM 0.32.0's rules; block 16; max_num_batched_tokens 8192, vllm serve's default on a
+GPU >= 70 GiB, and 2 batches in flight, async scheduling's default on a GPU; prefix caching on):
 
     blocks = KV memory // (16 x bytes per token per layer) // layers per group
-    tokens = blocks // groups x 16;  concurrency = blocks / blocks one 32K request reserves
+    concurrency = blocks / blocks one 32K request reserves;  tokens = int(concurrency x 32768)
+    a sliding layer reserves ceil(min(window - 1 + 2 x 8192, 32768) / 16) + 1 blocks; a state layer 2 pages
 """
 
 from __future__ import annotations
@@ -139,8 +141,8 @@ def test_llama31_8b_dense_gqa() -> None:
     # -> floor(13.76) = 13
     assert plan.kv_memory_bytes == 59_101_937_664
     assert plan.max_sequences(CTX) == 13
-    # vLLM: page 16 x 4096 B = 65,536; blocks 59,101,937,664 // 65,536 // 32 = 28,182; tokens 28,182 x 16 = 450,912
-    # a 32K request: 2048 blocks -> 28,182 / 2048 = 13.76x
+    # vLLM: page 16 x 4096 B = 65,536; blocks 59,101,937,664 // 65,536 // 32 = 28,182
+    # a 32K request: 2048 blocks -> 28,182 / 2048 = 13.76x; tokens 13.76 x 32768 = 28,182 x 16 = 450,912
     view = _vllm(shape, plan.kv_memory_bytes)
     assert (view.num_blocks, view.kv_cache_tokens, view.groups) == (28_182, 450_912, 1)
     assert view.max_concurrency == pytest.approx(28_182 / 2048)
@@ -191,7 +193,7 @@ def test_mixtral_8x7b_does_not_fit_one_80g_gpu() -> None:
     assert plan.max_sequences(CTX) == 0
 
 
-def test_qwen3_next_hybrid_and_vllms_quarter_token_count() -> None:
+def test_qwen3_next_hybrid_and_vllms_state_pages() -> None:
     shape = shape_from_hf_config(QWEN3_NEXT_80B_A3B)
     # 12 attention layers (every 4th), 36 gated-DeltaNet layers
     # attention (gated q doubles q): 2048 x 16 x 256 x 2 + 2 x 2048 x 2 x 256 + 16 x 256 x 2048 = 27,262,976; x12 = 327,155,712
@@ -210,12 +212,16 @@ def test_qwen3_next_hybrid_and_vllms_quarter_token_count() -> None:
     assert plan.max_sequences(CTX) == 20
     # vLLM: attention bytes/token/layer 2 x 2 x 256 x 2 = 2048; block = 16 x ceil(1,097,728 / (16 x 2048)) = 16 x 34 = 544
     # page 544 x 2048 = 1,114,112; groups: 12 full + 36 state -> group size 12 (36 >= 1.5 x 12), 1 + 3 = 4 groups
-    # blocks 17,179,869,184 // 1,114,112 // 12 = 1285; tokens 1285 // 4 x 544 = 174,624 (a quarter: 699,050 / 174,624 = 4.0)
-    # request: ceil(32768 / 544) = 61 attention blocks + 3 state groups x 1 = 64 -> 1285 / 64 = 20.08x
+    # blocks 17,179,869,184 // 1,114,112 // 12 = 1285
+    # request: ceil(32768 / 544) = 61 attention blocks + 3 state groups x 2 pages (prefix caching) = 67
+    # -> 1285 / 67 = 19.18x; tokens int(19.179 x 32768) = 628,460 (the planner's pool: 699,050)
     view = _vllm(shape, plan.kv_memory_bytes)
     assert (view.block_size, view.page_bytes, view.groups, view.group_size) == (544, 1_114_112, 4, 12)
-    assert (view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (1285, 174_624, 64)
-    assert view.max_concurrency == pytest.approx(1285 / 64)
+    assert (view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (1285, 628_460, 67)
+    assert view.max_concurrency == pytest.approx(1285 / 67)
+    # without prefix caching one state page per request: 61 + 3 = 64 -> 20.08x
+    lean = vllm_kv_view(layer_specs(shape), plan.kv_memory_bytes, CTX, 16, 8192, prefix_caching=False)
+    assert lean is not None and lean.blocks_per_request == 64
 
 
 def test_deepseek_v2_lite_mla() -> None:
@@ -235,6 +241,7 @@ def test_deepseek_v2_lite_mla() -> None:
     # 75,161,927,680 - 31,412,715,520 = 43,749,212,160; 32K seq 1,019,215,872 -> floor(42.92) = 42
     assert plan.max_sequences(CTX) == 42
     # vLLM MLA page: 16 x 576 x 2 = 18,432; blocks 43,749,212,160 // 18,432 // 27 = 87,909; 2048 per request
+    # -> 42.92x; tokens 87,909 x 16 = 1,406,544
     view = _vllm(shape, plan.kv_memory_bytes)
     assert (view.num_blocks, view.kv_cache_tokens) == (87_909, 1_406_544)
     assert view.max_concurrency == pytest.approx(87_909 / 2048)
@@ -298,10 +305,11 @@ def test_gemma2_9b_tied_fp32_and_alternating_windows() -> None:
     assert plan.sequence_bytes(CTX) == 6_341_787_648
     assert plan.max_sequences(CTX) == 8
     # vLLM: page 16 x 8192 = 131,072; 21 full + 21 sliding -> 2 groups of 21
-    # blocks 56,679,727,104 // 131,072 // 21 = 20,592; tokens 20,592 // 2 x 16 = 164,736
-    # request: full 2048 + sliding ceil(min(4095 + 8192, 32768) / 16) + 1 = 769 -> 2817; 20,592 / 2817 = 7.31x
+    # blocks 56,679,727,104 // 131,072 // 21 = 20,592
+    # request: full 2048 + sliding ceil(min(4095 + 16384, 32768) / 16) + 1 = 1280 + 1 = 1281 -> 3329
+    # 20,592 / 3329 = 6.19x; tokens int(6.1856 x 32768) = 202,691
     view = _vllm(shape, plan.kv_memory_bytes)
-    assert (view.groups, view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (2, 20_592, 164_736, 2817)
+    assert (view.groups, view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (2, 20_592, 202_691, 3329)
     # 32K is past Gemma-2's native 8192: the report warns (tested in test_plan_cli)
     assert shape.context_length == 8192
 
@@ -319,12 +327,13 @@ def test_gemma3_1b_five_sliding_to_one_global() -> None:
     # KV memory 75,161,927,680 - 1,999,503,360 = 73,162,424,320 -> floor(501.96) = 501
     assert plan.max_sequences(CTX) == 501
     # vLLM: page 16 x 1024 = 16,384; 4 full / 22 sliding -> group size 4; 1 + ceil(22/4) = 7 groups, 2 padding layers
-    # blocks 73,162,424,320 // 16,384 // 4 = 1,116,370; tokens 1,116,370 // 7 x 16 = 2,551,696
-    # request: full 2048 + 6 sliding groups x (ceil(min(511 + 8192, 32768) / 16) + 1 = 545) = 5318 -> 209.92x
+    # blocks 73,162,424,320 // 16,384 // 4 = 1,116,370
+    # request: full 2048 + 6 sliding groups x (ceil(min(511 + 16384, 32768) / 16) + 1 = 1057) = 8390 -> 133.06x
+    # tokens int(133.0596 x 32768) = 4,360,096
     view = _vllm(shape, plan.kv_memory_bytes)
     assert (view.groups, view.padding_layers, view.num_blocks) == (7, 2, 1_116_370)
-    assert (view.kv_cache_tokens, view.blocks_per_request) == (2_551_696, 5318)
-    assert view.max_concurrency == pytest.approx(1_116_370 / 5318)
+    assert (view.kv_cache_tokens, view.blocks_per_request) == (4_360_096, 8390)
+    assert view.max_concurrency == pytest.approx(1_116_370 / 8390)
 
 
 def test_mistral_7b_sliding_everywhere() -> None:
@@ -337,11 +346,15 @@ def test_mistral_7b_sliding_everywhere() -> None:
     # 32K seq: every layer holds 4096 tokens: 32 x 4096 x 4096 B = 536,870,912 B
     # KV memory 75,161,927,680 - 14,482,931,712 = 60,678,995,968 -> floor(113.02) = 113 (full-context reading: 14)
     assert plan.max_sequences(CTX) == 113
-    # vLLM: one group of 32 sliding layers; blocks 60,678,995,968 // 65,536 // 32 = 28,934; tokens 462,944
-    # request: ceil(min(4095 + 8192, 32768) / 16) + 1 = 768 + 1 = 769 -> 28,934 / 769 = 37.63x (the issue's "about 38")
+    # vLLM: one group of 32 sliding layers; blocks 60,678,995,968 // 65,536 // 32 = 28,934
+    # request: ceil(min(4095 + 2 x 8192, 32768) / 16) + 1 = 1280 + 1 = 1281 -> 28,934 / 1281 = 22.59x;
+    # tokens int(22.587 x 32768) = 740,132, more than the 462,944 the blocks hold (it counts reservations)
     view = _vllm(shape, plan.kv_memory_bytes)
-    assert (view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (28_934, 462_944, 769)
-    assert view.max_concurrency == pytest.approx(37.6255, abs=1e-4)
+    assert (view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (28_934, 740_132, 1281)
+    assert view.max_concurrency == pytest.approx(22.5870, abs=1e-4)
+    # one batch in flight (no async scheduling, as on the CPU build): 768 + 1 = 769 -> 37.63x (the issue's "about 38")
+    single = vllm_kv_view(layer_specs(shape), plan.kv_memory_bytes, CTX, 16, 8192, concurrent_batches=1)
+    assert single is not None and single.max_concurrency == pytest.approx(37.6255, abs=1e-4)
 
 
 def test_gpt_oss_20b_mxfp4_experts_and_alternating_windows() -> None:
@@ -359,6 +372,7 @@ def test_gpt_oss_20b_mxfp4_experts_and_alternating_windows() -> None:
     # KV memory 75,161,927,680 - 13,747,322,880 = 61,414,604,800 -> floor(75.97) = 75
     assert plan.max_sequences(CTX) == 75
     # vLLM: 12 + 12 -> 2 groups of 12; page 32,768; blocks 61,414,604,800 // 32,768 // 12 = 156,185
-    # tokens 156,185 // 2 x 16 = 1,249,472; request 2048 + ceil(min(127 + 8192, 32768) / 16) + 1 = 2048 + 521 = 2569
+    # request 2048 + ceil(min(127 + 16384, 32768) / 16) + 1 = 2048 + 1033 = 3081 -> 50.69x
+    # tokens int(50.693 x 32768) = 1,661,106
     view = _vllm(shape, plan.kv_memory_bytes)
-    assert (view.groups, view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (2, 156_185, 1_249_472, 2569)
+    assert (view.groups, view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (2, 156_185, 1_661_106, 3081)

@@ -1,9 +1,10 @@
 """vLLM's KV arithmetic as a pure function, on small hand-made layer lists, and quantised weight sizes.
 
-Each expected value is worked out in the comment beside it from vLLM's rules (kv_cache_utils.py:
-``get_num_blocks``, ``_get_kv_cache_groups_uniform_page_size``, ``_report_kv_cache_config``,
+Each expected value is worked out in the comment beside it from vLLM 0.32.0's rules (kv_cache_utils.py:
+``get_kv_cache_config_from_groups``, ``_get_kv_cache_groups_uniform_page_size``, ``get_kv_cache_capacity``,
 ``get_max_concurrency_for_kv_cache_config``; kv_cache_interface.py: each spec's
-``max_memory_usage_bytes``; the hybrid block-size alignment).
+``max_memory_usage_bytes``; the hybrid block-size alignment). The defaults are a GPU's: 2 batches in flight
+(async scheduling), prefix caching on.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ def test_uniform_full_attention_is_one_group() -> None:
     layers = [LayerSpec("full", 1000)] * 4
     view = vllm_kv_view(layers, 10 * MIB, max_model_len=1000, block_size=16)
     assert view is not None
-    # page 16 x 1000 = 16,000 B; blocks 10,485,760 // 16,000 // 4 = 655 // 4 = 163; tokens 163 x 16 = 2608
-    # a 1000-token request: ceil(1000 / 16) = 63 blocks -> 163 / 63 = 2.587x
-    assert (view.page_bytes, view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (16_000, 163, 2608, 63)
+    # page 16 x 1000 = 16,000 B; blocks 10,485,760 // 16,000 // 4 = 655 // 4 = 163
+    # a 1000-token request: ceil(1000 / 16) = 63 blocks -> 163 / 63 = 2.587x; tokens int(2.587 x 1000) = 2587
+    # (not 163 x 16 = 2608: the request's last block is not full)
+    assert (view.page_bytes, view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (16_000, 163, 2587, 63)
     assert view.max_concurrency == pytest.approx(163 / 63)
     assert view.starts  # 4 x 16,000 x 63 = 4,032,000 <= 10,485,760
 
@@ -34,10 +36,15 @@ def test_near_equal_kinds_use_the_larger_group_size() -> None:
     view = vllm_kv_view(layers, 1_000_000, max_model_len=4096, block_size=16, max_num_batched_tokens=2048)
     assert view is not None
     assert (view.group_size, view.groups, view.padding_layers) == (13, 2, 1)
-    # page 1600; blocks 1,000,000 // 1600 // 13 = 625 // 13 = 48; tokens 48 // 2 x 16 = 384
-    # request: full ceil(4096 / 16) = 256 + sliding ceil(min(127 + 2048, 4096) / 16) + 1 = 136 + 1 = 137 -> 393
-    assert (view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (48, 384, 393)
-    assert not view.starts  # 13 x 1600 x 393 = 8,174,400 > 1,000,000
+    # page 1600; blocks 1,000,000 // 1600 // 13 = 625 // 13 = 48
+    # request: full ceil(4096 / 16) = 256 + sliding ceil(min(127 + 2 x 2048, 4096) / 16) + 1 = 256 + 1 = 257 -> 513
+    # tokens int(48 / 513 x 4096) = int(383.25) = 383
+    assert (view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (48, 383, 513)
+    assert not view.starts  # 13 x 1600 x 513 > 1,000,000
+    # one batch in flight (the CPU build): sliding ceil(min(127 + 2048, 4096) / 16) + 1 = 137 -> 393
+    single = vllm_kv_view(layers, 1_000_000, max_model_len=4096, block_size=16, max_num_batched_tokens=2048,
+                          concurrent_batches=1)
+    assert single is not None and single.blocks_per_request == 393
 
 
 def test_chunked_layers_reserve_chunk_plus_batch() -> None:
@@ -45,9 +52,10 @@ def test_chunked_layers_reserve_chunk_plus_batch() -> None:
     layers = [LayerSpec("chunked", 2048, window=8192)] * 36 + [LayerSpec("full", 2048)] * 12
     view = vllm_kv_view(layers, 2**34, max_model_len=131_072, block_size=16, max_num_batched_tokens=8192)
     assert view is not None
-    # page 32,768; blocks 17,179,869,184 // 32,768 // 12 = 43,690; tokens 43,690 // 4 x 16 = 174,752
-    # request: full 131,072 / 16 = 8192 + 3 x ceil(min(8192 + 8192, 131,072) / 16) = 3 x 1024 -> 11,264
-    assert (view.groups, view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (4, 43_690, 174_752, 11_264)
+    # page 32,768; blocks 17,179,869,184 // 32,768 // 12 = 43,690
+    # request: full 131,072 / 16 = 8192 + 3 x ceil(min(8192 + 2 x 8192, 131,072) / 16) = 3 x 1536 -> 12,800
+    # tokens int(43,690 / 12,800 x 131,072) = int(447,385.6) = 447,385
+    assert (view.groups, view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (4, 43_690, 447_385, 12_800)
 
 
 def test_state_page_sets_the_attention_block() -> None:
@@ -56,10 +64,13 @@ def test_state_page_sets_the_attention_block() -> None:
     view = vllm_kv_view(layers, 10**8, max_model_len=1000, block_size=16)
     assert view is not None
     # page 64 x 2048 = 131,072 (the state padded up to it); group size 1, 4 groups
-    # blocks 100,000,000 // 131,072 // 1 = 762; tokens 762 // 4 x 64 = 190 x 64 = 12,160
-    # request: ceil(1000 / 64) = 16 + 3 x 1 = 19 -> 762 / 19 = 40.1x
+    # blocks 100,000,000 // 131,072 // 1 = 762
+    # request: ceil(1000 / 64) = 16 + 3 x 2 state pages (prefix caching: mamba_cache_mode "align") = 22
+    # -> 762 / 22 = 34.6x; tokens int(34.636 x 1000) = 34,636
     assert (view.block_size, view.page_bytes, view.groups) == (64, 131_072, 4)
-    assert (view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (762, 12_160, 19)
+    assert (view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (762, 34_636, 22)
+    lean = vllm_kv_view(layers, 10**8, max_model_len=1000, block_size=16, prefix_caching=False)
+    assert lean is not None and lean.blocks_per_request == 19  # 16 + 3 x 1 -> 40.1x
 
 
 def test_llama4_layout_from_config() -> None:

