@@ -221,7 +221,7 @@ class Settings(BaseSettings, ControllerKnobs):
         "admissions in a row gets the next one (so at least 1 in starvation_after + 1). 0: strict priority.",
     )
     tenant_reserve: float = Field(
-        0.05, ge=0, le=1,
+        0.1, ge=0, le=1,
         description="With `fair`: the top slots of each upstream's limit (this share of it, at least one, never "
         "all) go only to a tenant holding fewer than half its weighted share, while such a tenant has requests "
         "running; a light tenant's next request then finds a free slot instead of waiting for a release (about "

@@ -39,7 +39,7 @@ def sim(module_processes):
 def gateway(module_processes, sim, tmp_path_factory):
     config = tmp_path_factory.mktemp("tenants") / "sweetspot.toml"
     config.write_text(CONFIG.replace("upstreams = []", f'upstreams = ["{sim}"]'))
-    # Four slots, the top one reserved (tenant_reserve 0.05: one slot) for a tenant well under its share.
+    # Four slots, the top one reserved (tenant_reserve 0.1: one slot) for a tenant well under its share.
     return start_gateway(module_processes, [], "--config", str(config), "--initial-limit", "4",
                          "--no-control").url
 

@@ -34,6 +34,7 @@ from gateway.control.window import Outcome, RequestSample, SlidingWindow
 from gateway.server.fair_queue import Discipline, FairQueue
 from gateway.server.reserve import Reserve
 from gateway.server.tenants import Tenant
+from gateway.settings import Settings
 from gateway.sim.engine import Engine, InjectedError, StepResult
 from gateway.sim.profiles import Profile
 
@@ -99,7 +100,7 @@ class Tenancy:
     discipline: Discipline = "fair"
     starvation_after: int = 20
     assign: Callable[[int], int] | None = None
-    reserve: float = 0.05  # the gateway's tenant_reserve (fair discipline only)
+    reserve: float = Settings.model_fields["tenant_reserve"].default  # the gateway's (fair discipline only)
 
     def of(self, client: int) -> TenantSpec:
         index = client % len(self.tenants) if self.assign is None else self.assign(client)
@@ -182,6 +183,7 @@ class _Gateway:
         self.fair: FairQueue[_Request] | None = None
         self.holders: dict[str, Tenant] = {}  # each tenant's counts at this gateway, as the gateway keeps them
         self.reserve = Reserve(0.0)
+        self.admitted_over = 0  # admissions that took in-flight above the limit (the rules allow none)
         if tenancy is not None:
             self.fair = FairQueue(tenancy.classes, discipline=tenancy.discipline,
                                   starvation_after=tenancy.starvation_after)
@@ -379,6 +381,8 @@ class Harness:
         if not request.streamed:
             request.open_key = gw.window.opened(self.now)
         gw.inflight += 1
+        if gw.inflight > gw.limit:
+            gw.admitted_over += 1
         if request.tenant is not None:
             gw.reserve.join(request.tenant)
             request.tenant.inflight += 1
