@@ -41,7 +41,7 @@ from gateway.control.knee import CLIMB_STEP, clearly_below, knee_target, paid, p
 from gateway.control.meter import Readings
 from gateway.control.observation import Observation
 from gateway.control.reprobe import Probe, Reprobe
-from gateway.control.share import cap_share, fair_share
+from gateway.control.share import cap_share, fair_share, over_fair_share
 from gateway.control.signals import CongestionDetector, Signal
 from gateway.control.tpot import TpotPredictor
 
@@ -202,9 +202,12 @@ class Aimd:
 
     # --- the knee search -------------------------------------------------------------------------
     def _top(self, obs: Observation, hi: int) -> int:
-        """The highest limit an increase may go to now: bounds, the ceiling, and the KV cache's room."""
+        """The highest limit an increase may go to now: bounds, the ceiling, the KV cache's room, and the
+        other replicas' shares."""
         if self._blocked_by is not None:
             return self._limit  # inside a signal's hysteresis band: no increase at all
+        if over_fair_share(self._limit, obs.inflight + obs.queue_depth, obs.peers, self.config.metrics_stale_s):
+            return self._limit  # a step up would take room from a replica under its share
         ceiling = self._ceiling.at(obs.now)
         top = hi if ceiling is None else max(min(hi, ceiling), self.config.limit_min)
         room = kv_room(obs, self.config)

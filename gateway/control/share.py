@@ -53,20 +53,36 @@ class Peers:
         return cls(len(entries), sum(e.demand for e in entries), used, max(now - min(e.at for e in entries), 0.0))
 
 
-def fair_share(limit: int, demand: float, peers: Peers | None, stale_s: float) -> int | None:
-    """This replica's demand-weighted share of all replicas' limits together, or None when there is
-    nothing to share (no peers, stale entries, no demand) or the limit is already within the slack."""
+def _share(limit: int, demand: float, peers: Peers | None, stale_s: float) -> float | None:
+    """This replica's demand-weighted part of all replicas' limits together, unrounded, or None when
+    there is nothing to share: no peers, stale entries, no demand, or every replica's demand fits (no
+    contention to split)."""
     if peers is None or peers.replicas <= 0 or peers.age_s > stale_s or demand <= 0:
         return None
     total_demand = demand + peers.demand
     total_limit = limit + peers.limit
     if total_demand <= total_limit:
-        return None  # nobody is held back: every replica's demand fits, there is no contention to split
-    share = total_limit * demand / total_demand
-    if abs(limit - share) <= SHARE_SLACK * share:
+        return None
+    return total_limit * demand / total_demand
+
+
+def fair_share(limit: int, demand: float, peers: Peers | None, stale_s: float) -> int | None:
+    """This replica's demand-weighted share of all replicas' limits, rounded, or None when there is
+    nothing to share (see :func:`_share`) or the limit is already within the slack."""
+    share = _share(limit, demand, peers, stale_s)
+    if share is None or abs(limit - share) <= SHARE_SLACK * share:
         return None
     return max(1, round(share))
 
+
+def over_fair_share(limit: int, demand: float, peers: Peers | None, stale_s: float) -> bool:
+    """Whether this replica holds more than its demand-weighted share of all replicas' limits while
+    their demand exceeds what they hold together: then its own knee search does not take it higher. Its
+    own throughput rises with any slot it adds, taken from the others or not, so by its own readings a
+    step up from over its share pays, while it keeps a replica under its share (one that just joined)
+    from growing into the room. At or under its share it searches as before, so the sum still moves."""
+    share = _share(limit, demand, peers, stale_s)
+    return share is not None and limit > share
 
 
 def cap_share(hard_cap: int, demand: float, peers: Peers | None, stale_s: float) -> int:

@@ -29,12 +29,13 @@ How it stays honest on a small shared machine:
   still failed, at 0.896 against static 8, while holding the slots all along).
 * The bar is never loosened: a failure prints every run.
 
-Faster controller settings (``FAST`` below) let it converge within the test: a tick every 0.5 s instead of
-2 s, 1 s to settle and 2 s per throughput reading instead of 2 s and 6 s (this server's tokens arrive at a
-steady few hundred per second, so 2 s readings hold a few hundred tokens), a 5 s window, a re-probe every
-10 s of busy time instead of 30 s (so the cost of probing shows in the measurement instead of falling after
-it; a probe holds for a settle and two readings, 5 s in every 10 here against 14 s in every 30 by default),
-and the backend's /metrics scraped every 0.5 s (the slot count, its hard cap, is known at once).
+Faster controller settings (``FAST_CONTROL``, in ``tests/support/llama.py``) let it converge within the
+test: a tick every 0.5 s instead of 2 s, 1 s to settle and 2 s per throughput reading instead of 2 s and 6 s
+(this server's tokens arrive at a steady few hundred per second, so 2 s readings hold a few hundred tokens),
+a 5 s window, a re-probe every 10 s of busy time instead of 30 s (so the cost of probing shows in the
+measurement instead of falling after it; a probe holds for a settle and two readings, 5 s in every 10 here
+against 14 s in every 30 by default), and the backend's /metrics scraped every 0.5 s (the slot count, its
+hard cap, is known at once).
 
 What probing costs here, and what is measured of it: at the hard cap nothing lies above, so the only
 question is whether the knee lies below. With only the cap measured, the controller steps down one slot
@@ -60,7 +61,7 @@ from gateway.sweep.client import StreamClient, Target
 from gateway.sweep.loadgen import ClosedLoopPool
 from gateway.sweep.workload import RequestFactory, Workload, parse_length
 from tests.support.gateway import get_json, start_gateway
-from tests.support.llama import MODEL, llama_config, start_llama_server
+from tests.support.llama import FAST_CONTROL, MODEL, llama_config, start_llama_server
 
 SLOTS = 4
 CLIENTS = 4 * SLOTS
@@ -69,10 +70,6 @@ ROUNDS = 7
 WARMUP_S = 1.0  # per run: the queue fills and the first prefills pass
 MEASURE_S = 2.5
 CONVERGE_S = 8.0
-FAST = {
-    "SWEETSPOT_CONTROL_INTERVAL_S": "0.5", "SWEETSPOT_SETTLE_S": "1", "SWEETSPOT_MEASURE_S": "2",
-    "SWEETSPOT_WINDOW_S": "5", "SWEETSPOT_REPROBE_S": "10", "SWEETSPOT_METRICS_INTERVAL_S": "0.5",
-}
 WORKLOAD = Workload(api="completions", prompt_len=parse_length(16), output_len=parse_length(64))
 
 
@@ -82,7 +79,7 @@ def gateways(module_processes) -> dict[str, str]:
     configs: dict[str, tuple[str, ...]] = {"controller": ()}
     configs |= {f"static {k}": ("--no-control", "--initial-limit", str(k)) for k in STATIC_LIMITS}
     with ThreadPoolExecutor(len(configs)) as pool:  # each gateway takes a second or two to import and start
-        started = {name: pool.submit(start_gateway, module_processes, [llama], *args, env=FAST)
+        started = {name: pool.submit(start_gateway, module_processes, [llama], *args, env=FAST_CONTROL)
                    for name, args in configs.items()}
         return {name: future.result().url for name, future in started.items()}
 

@@ -27,7 +27,7 @@ import pytest
 
 from gateway.sweep.workload import RequestFactory, Workload, parse_length
 from tests.support.gateway import get_json, start_gateway
-from tests.support.llama import MODEL, llama_config, start_llama_server
+from tests.support.llama import FAST_CONTROL, MODEL, llama_config, start_llama_server
 
 SLOTS = 4
 CLIENTS = 3 * SLOTS
@@ -36,10 +36,6 @@ ROUNDS = 7
 WARMUP_S = 1.0
 MEASURE_S = 3.0
 CONVERGE_S = 10.0
-FAST = {
-    "SWEETSPOT_CONTROL_INTERVAL_S": "0.5", "SWEETSPOT_SETTLE_S": "1", "SWEETSPOT_MEASURE_S": "2",
-    "SWEETSPOT_WINDOW_S": "5", "SWEETSPOT_REPROBE_S": "10", "SWEETSPOT_METRICS_INTERVAL_S": "0.5",
-}
 WORKLOAD = Workload(api="completions", prompt_len=parse_length(16), output_len=parse_length(64))
 
 
@@ -49,7 +45,7 @@ def gateways(module_processes) -> dict[str, str]:
     configs: dict[str, tuple[str, ...]] = {"controller": ()}
     configs |= {f"static {k}": ("--no-control", "--initial-limit", str(k)) for k in STATIC_LIMITS}
     with ThreadPoolExecutor(len(configs)) as pool:
-        started = {name: pool.submit(start_gateway, module_processes, [llama], *args, env=FAST)
+        started = {name: pool.submit(start_gateway, module_processes, [llama], *args, env=FAST_CONTROL)
                    for name, args in configs.items()}
         return {name: future.result().url for name, future in started.items()}
 

@@ -21,6 +21,14 @@ Start = Callable[..., RunningProcess]
 #: The served model id tests send in their requests (llama-server's --alias).
 MODEL = "tiny-llama"
 
+#: Controller settings that let it converge within a test against this server (a tick every 0.5 s, 1 s to
+#: settle, 2 s readings, a 5 s window, a re-probe every 10 s, /metrics every 0.5 s): why each, in
+#: ``tests/integration/test_controller_llama.py``.
+FAST_CONTROL = {
+    "SWEETSPOT_CONTROL_INTERVAL_S": "0.5", "SWEETSPOT_SETTLE_S": "1", "SWEETSPOT_MEASURE_S": "2",
+    "SWEETSPOT_WINDOW_S": "5", "SWEETSPOT_REPROBE_S": "10", "SWEETSPOT_METRICS_INTERVAL_S": "0.5",
+}
+
 
 def llama_binary() -> Path:
     """The llama-server binary, or a test failure that says how to build it."""

@@ -9,7 +9,7 @@ from gateway.control.aimd import Aimd
 from gateway.control.algorithm import Reason
 from gateway.control.config import AimdConfig
 from gateway.control.observation import LimiterState, Observation, observe
-from gateway.control.share import Entry, Peers, fair_share
+from gateway.control.share import Entry, Peers, fair_share, over_fair_share
 from gateway.control.window import SlidingWindow
 
 CONFIG = AimdConfig()
@@ -29,6 +29,15 @@ def test_no_share_without_contention_or_fresh_peers() -> None:
     assert fair_share(10, 0, Peers(1, 20, 30, 1.0), stale_s=10) is None  # no demand here
     assert fair_share(20, 10, Peers(1, 10, 20, 1.0), stale_s=10) is None  # every demand fits its limit
     assert fair_share(20, 40, Peers(1, 40, 19, 1.0), stale_s=10) is None  # within the slack
+
+
+def test_over_its_share_a_replica_searches_no_higher() -> None:
+    # 40 of 80 clients here, 12 + 10 slots in all: a share of 11
+    assert over_fair_share(12, 40, Peers(1, 40, 10, 1.0), stale_s=10)
+    assert not over_fair_share(11, 40, Peers(1, 40, 11, 1.0), stale_s=10)  # at its share: the sum may still move
+    assert not over_fair_share(10, 40, Peers(1, 40, 12, 1.0), stale_s=10)
+    assert not over_fair_share(12, 40, Peers(1, 40, 10, 11.0), stale_s=10)  # stale entries: on its own
+    assert not over_fair_share(30, 20, Peers(1, 10, 20, 1.0), stale_s=10)  # every demand fits its limit
 
 
 def test_an_idle_replica_limit_is_no_share() -> None:
