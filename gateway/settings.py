@@ -11,7 +11,7 @@ import contextvars
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -37,6 +37,34 @@ def _split_csv(value: Any) -> Any:
             return json.loads(value)
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+#: The label value every tenant without an entry of its own in ``tenants`` shares in the metrics.
+OTHER_TENANTS = "other"
+
+
+class TenantConfig(BaseModel):
+    """One tenant: who it is (its keys), its share of the gateway, and its caps. A TOML ``[[tenants]]`` table,
+    or a JSON list in ``SWEETSPOT_TENANTS``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+                      description="The tenant's name; its metrics label and its name in /state.")
+    api_keys: list[str] = Field(default_factory=list,
+                                description="Client keys (Authorization: Bearer) that identify this tenant.")
+    weight: float = Field(1.0, description="Share of the slots when the limit is contended, relative to the "
+                          "other tenants with requests queued in the same priority class.")
+    priority: str | None = Field(None, description="Priority class of its requests (one of priority_classes; "
+                                 "default: default_priority).")
+    max_priority: str | None = Field(None, description="Highest class its clients may ask for with the priority "
+                                     "header (default: its own priority: it cannot raise it).")
+    max_inflight: int | None = Field(None, ge=1, description="Most of its requests running at once; more wait.")
+    max_queued: int | None = Field(None, ge=0, description="Most of its requests queued at once; more get 429.")
+    output_tokens_per_minute: int | None = Field(
+        None, ge=1, description="Output-token quota: a bucket of this many tokens refilled continuously; "
+        "past it new requests get 429 until it is positive again.",
+    )
 
 
 class Settings(BaseSettings, ControllerKnobs):
@@ -165,7 +193,44 @@ class Settings(BaseSettings, ControllerKnobs):
     )
     priority_header: str = Field(
         "x-sweetspot-priority",
-        description="Request header carrying an integer priority; higher is admitted first, FIFO within a priority.",
+        description="Request header naming the priority class a request asks for (one of priority_classes); "
+        "a tenant gets at most its max_priority, whatever it asks.",
+    )
+
+    # --- tenants ---------------------------------------------------------------------------------
+    tenants: list[TenantConfig] = Field(
+        default_factory=list,
+        description="The tenants, identified by their API keys (TOML: [[tenants]] tables). Requests with none of "
+        "their keys (api_keys, or no keys at all) belong to the tenant `default`, which may be configured too.",
+    )
+    tenant_header: str | None = Field(
+        None,
+        description="On a trusted network without client keys: a request header naming the tenant. Names "
+        "without an entry in `tenants` get the default tenant's settings, a queue of their own, and share one "
+        "metrics label (`other`).",
+    )
+    priority_classes: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["interactive", "standard", "batch"],
+        description="Priority classes, highest first. A higher class is admitted first; see "
+        "starvation_after for what the lower ones still get.",
+    )
+    default_priority: str = Field("standard", description="Class of a tenant that names none.")
+    starvation_after: int = Field(
+        20, ge=0,
+        description="Anti-starvation: a lower class with requests waiting that was passed over this many "
+        "admissions in a row gets the next one (so at least 1 in starvation_after + 1). 0: strict priority.",
+    )
+    tenant_reserve: float = Field(
+        0.1, ge=0, le=1,
+        description="With `fair`: the top slots of each upstream's limit (this share of it, at least one, never "
+        "all) go only to a tenant holding fewer than half its weighted share, while such a tenant has requests "
+        "running; a light tenant's next request then finds a free slot instead of waiting for a release (about "
+        "a second at p99). The limit is never exceeded. 0: every slot is anyone's.",
+    )
+    queue_discipline: Literal["fair", "fifo"] = Field(
+        "fair",
+        description="Inside a priority class: `fair` shares the slots between tenants by weight (per-tenant "
+        "queues, start-time fair queuing); `fifo` admits by arrival, whoever sent it.",
     )
 
     # --- admission -------------------------------------------------------------------------------
@@ -235,7 +300,7 @@ class Settings(BaseSettings, ControllerKnobs):
     )
     nvml_interval_s: float = Field(5.0, gt=0, description="How often GPU headroom is read from NVML.")
 
-    @field_validator("upstreams", "api_keys", "gpus", "passthrough_paths", mode="before")
+    @field_validator("upstreams", "api_keys", "gpus", "passthrough_paths", "priority_classes", mode="before")
     @classmethod
     def _csv(cls, value: Any) -> Any:
         return _split_csv(value)
@@ -244,6 +309,42 @@ class Settings(BaseSettings, ControllerKnobs):
     @classmethod
     def _strip_slash(cls, value: list[str]) -> list[str]:
         return [url.rstrip("/") for url in value]
+
+    @model_validator(mode="after")
+    def _check_tenants(self) -> Settings:
+        """Refuse a tenant table that cannot mean one thing: each error is one line at start-up (exit 2)."""
+        classes = self.priority_classes
+        if not classes or len(set(classes)) != len(classes):
+            raise ValueError(f"priority_classes must be distinct names, got {classes}")
+        if self.default_priority not in classes:
+            raise ValueError(f"default_priority {self.default_priority!r} is not one of priority_classes {classes}")
+        names: set[str] = set()
+        owners: dict[str, str] = {key: "api_keys" for key in self.api_keys}
+        if len(owners) != len(self.api_keys):
+            raise ValueError("api_keys lists a key twice")
+        for tenant in self.tenants:
+            where = f"tenant {tenant.name!r}"
+            if tenant.name in names:
+                raise ValueError(f"{where} is configured twice")
+            if tenant.name == OTHER_TENANTS:
+                raise ValueError(f"{where}: the name is reserved for the tenants without an entry of their own")
+            names.add(tenant.name)
+            if not tenant.weight > 0:
+                raise ValueError(f"{where}: weight must be > 0, got {tenant.weight:g}")
+            for field_name in ("priority", "max_priority"):
+                value = getattr(tenant, field_name)
+                if value is not None and value not in classes:
+                    raise ValueError(f"{where}: {field_name} {value!r} is not one of priority_classes {classes}")
+            own = classes.index(tenant.priority or self.default_priority)
+            if tenant.max_priority is not None and classes.index(tenant.max_priority) > own:
+                raise ValueError(f"{where}: max_priority {tenant.max_priority!r} is below its priority")
+            for key in tenant.api_keys:
+                if key in owners:
+                    raise ValueError(f"{where}: its key is already {owners[key]}'s (keys must be unique)")
+                owners[key] = where
+        if self.tenant_header is not None and owners:
+            raise ValueError("tenant_header names tenants only without client keys (api_keys, tenants' api_keys)")
+        return self
 
     @classmethod
     def settings_customise_sources(

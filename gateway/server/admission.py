@@ -1,10 +1,14 @@
-"""Admission: per-upstream limiters (in-flight permits) and the bounded priority queue in front of them.
+"""Admission: per-upstream limiters (in-flight permits) and the bounded, tenant-fair queue in front of them.
 
 One queue serves every upstream so a request waits once and goes to whichever eligible, healthy
 upstream frees a permit first; ties go to the upstream with the most free permits. The queue knows an
 upstream only as an :class:`AdmissionTarget` (a name, health, a limiter), and a :class:`Permit` carries
-the target it was granted on, so whoever holds one has its upstream. The queue is
-ordered by priority (higher first), FIFO within a priority. Nothing here does I/O: the clock is
+the target it was granted on and the tenant it counts against, so whoever holds one has both. Who goes
+next is :mod:`gateway.server.fair_queue`'s choice (priority classes, weighted shares between tenants inside
+a class), and which upstream, ``choose``'s (:mod:`gateway.server.routing`) or the one with the most free
+permits; this module adds the bounds: an upstream's limit (with its top slots kept for light tenants,
+:mod:`gateway.server.reserve`), ``max_queue`` in total, each tenant's ``max_queued`` (429 with its own
+Retry-After), in-flight cap and output-token quota. Nothing here does I/O: the clock is
 injected, waiting is an ``asyncio.Future`` the caller awaits, and a caller that goes away (client
 disconnect, timeout) is removed before it can reach an upstream.
 """
@@ -12,14 +16,16 @@ disconnect, timeout) is removed before it can reach an upstream.
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import math
 import time
 from collections import deque
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
+
+from gateway.server.fair_queue import Discipline, FairQueue
+from gateway.server.reserve import Reserve
+from gateway.server.tenants import Tenant
 
 
 class Limiter:
@@ -80,6 +86,16 @@ class QueueFull(AdmissionError):
     reason = "queue_full"
 
 
+class TenantQueueFull(AdmissionError):
+    status = 429
+    reason = "tenant_queue_full"
+
+
+class QuotaExceeded(AdmissionError):
+    status = 429
+    reason = "quota_exceeded"
+
+
 class QueueTimeout(AdmissionError):
     status = 503
     reason = "queue_timeout"
@@ -121,6 +137,7 @@ class Permit(Generic[T]):
 
     target: T
     admitted: float
+    tenant: Tenant
     released: bool = False
 
     @property
@@ -128,21 +145,24 @@ class Permit(Generic[T]):
         return self.target.limiter
 
 
-@dataclass(order=True)
+@dataclass(eq=False, slots=True)
 class _Waiter(Generic[T]):
-    key: tuple[int, int]
-    future: asyncio.Future[Permit[T]] = field(compare=False)
-    eligible: Collection[str] | None = field(compare=False)
-    enqueued: float = field(compare=False)
-    gone: bool = field(default=False, compare=False)  # left the queue: admitted, timed out or cancelled
-    hint: Any = field(default=None, compare=False)  # what ``choose`` knows of the request (None: most free)
+    future: asyncio.Future[Permit[T]]
+    eligible: Collection[str] | None
+    tenant: Tenant
+    cls: int
+    hint: Any = None  # what ``choose`` knows of the request (None: the upstream with the most free permits)
+    gone: bool = False  # left the queue: admitted, timed out or cancelled
 
 
 class AdmissionQueue(Generic[T]):
     """Hands out permits on a set of targets (upstreams), queueing up to ``max_queue`` requests.
 
-    ``choose`` (optional) picks among the targets that can take a request now, for requests that carry a
-    ``hint`` (:mod:`gateway.server.routing`); without either, the one with the most free permits."""
+    ``classes`` is the number of priority classes (0 is the highest); a request without a tenant counts
+    against :attr:`default_tenant`. ``choose`` (optional) picks among the targets that can take a request
+    now, for requests that carry a ``hint``; without either, the one with the most free permits.
+    ``reserve`` is the share of each limit kept for light tenants (:class:`~gateway.server.reserve.Reserve`;
+    ``fair`` only)."""
 
     def __init__(
         self,
@@ -151,29 +171,38 @@ class AdmissionQueue(Generic[T]):
         max_queue: int,
         clock: Callable[[], float] = time.monotonic,
         drain_horizon_s: float = 30.0,
+        classes: int = 1,
+        discipline: Discipline = "fair",
+        starvation_after: int = 20,
+        default_tenant: Tenant | None = None,
+        reserve: float = 0.0,
         choose: Callable[[list[T], Any], T] | None = None,
     ) -> None:
         self.targets: dict[str, T] = {target.name: target for target in targets}
         self.max_queue = max_queue
         self._clock = clock
-        self._heap: list[_Waiter[T]] = []
-        self._waiting = 0  # live (not cancelled) waiters; the heap may still hold cancelled ones
-        self._seq = itertools.count()
+        self._queue: FairQueue[_Waiter[T]] = FairQueue(classes, discipline=discipline,
+                                                      starvation_after=starvation_after)
         self._releases: deque[float] = deque()  # release times within the drain horizon
         self._drain_horizon_s = drain_horizon_s
         self._closed: Callable[[], AdmissionError] | None = None
+        self.default_tenant = default_tenant if default_tenant is not None else Tenant("default")
+        self.reserve = Reserve(reserve if discipline == "fair" else 0.0)
         self.choose = choose
 
     # --- state -----------------------------------------------------------------------------------
     @property
     def depth(self) -> int:
-        return self._waiting
+        return len(self._queue)
 
     def depth_for(self, name: str) -> int:
         """Queued requests that ``name`` could serve: the demand this upstream's limit holds back."""
         if len(self.targets) == 1:
-            return self._waiting
-        return sum(1 for w in self._heap if not w.gone and (w.eligible is None or name in w.eligible))
+            return len(self._queue)
+        return sum(1 for w in self._queue if w.eligible is None or name in w.eligible)
+
+    def class_depth(self, cls: int) -> int:
+        return self._queue.depth(cls)
 
     def _forget_releases(self, now: float) -> None:
         cutoff = now - self._drain_horizon_s
@@ -191,7 +220,7 @@ class AdmissionQueue(Generic[T]):
 
     def retry_after(self, ahead: int | None = None) -> int:
         """Seconds until a request joining behind ``ahead`` others would likely be admitted (1..60)."""
-        ahead = self._waiting if ahead is None else ahead
+        ahead = len(self._queue) if ahead is None else ahead
         rate = self.drain_rate()
         if rate <= 0:
             return 5
@@ -202,48 +231,74 @@ class AdmissionQueue(Generic[T]):
             return list(self.targets.values())
         return [self.targets[name] for name in eligible if name in self.targets]
 
-    def _best(self, eligible: Collection[str] | None, hint: Any = None) -> T | None:
+    def _room(self, target: T, tenant: Tenant) -> bool:
+        limiter = target.limiter
+        return target.healthy and self.reserve.may_take(tenant, inflight=limiter.inflight, limit=limiter.limit)
+
+    def _best(self, eligible: Collection[str] | None, tenant: Tenant, hint: Any = None) -> T | None:
+        """The upstream a request of ``tenant`` goes to now, or None when none of ``eligible`` has room."""
         if hint is not None and self.choose is not None:
-            available = [target for target in self._candidates(eligible) if _available(target)]
+            available = [target for target in self._candidates(eligible) if self._room(target, tenant)]
             return self.choose(available, hint) if available else None
         best: T | None = None
         for target in self._candidates(eligible):
-            if _available(target) and (best is None or target.limiter.free > best.limiter.free):
+            if self._room(target, tenant) and (best is None or target.limiter.free > best.limiter.free):
                 best = target
         return best
 
-    def _grant(self, target: T) -> Permit[T]:
+    def _may_run(self, tenant: Tenant) -> bool:
+        """Whether a queued request of ``tenant`` could run somewhere now (its cap, the reserve)."""
+        return tenant.may_run() and any(self._room(target, tenant) for target in self.targets.values())
+
+    def _grant(self, target: T, tenant: Tenant) -> Permit[T]:
         target.limiter.acquire()
-        return Permit(target, self._clock())
+        self.reserve.join(tenant)
+        tenant.inflight += 1
+        return Permit(target, self._clock(), tenant)
 
     # --- acquiring -------------------------------------------------------------------------------
     async def acquire(
-        self, *, priority: int = 0, eligible: Collection[str] | None = None, timeout_s: float, hint: Any = None
+        self, *, tenant: Tenant | None = None, priority: int = 0, eligible: Collection[str] | None = None,
+        timeout_s: float, hint: Any = None,
     ) -> Permit[T]:
-        """Wait for a permit on one of the ``eligible`` upstreams (all when None).
+        """Wait for a permit on one of the ``eligible`` upstreams (all when None), in class ``priority``.
 
-        Raises :class:`NoHealthyUpstream` at once when none of them is healthy, :class:`QueueFull`
-        when the queue is at ``max_queue``, :class:`QueueTimeout` after ``timeout_s``. If the caller
-        is cancelled (its client went away) it leaves the queue and never holds a permit.
+        Raises :class:`NoHealthyUpstream` at once when none of them is healthy, :class:`QuotaExceeded` when
+        the tenant spent its output-token quota, :class:`QueueFull` when the queue is at ``max_queue``,
+        :class:`TenantQueueFull` when the tenant's own queue is at its cap, :class:`QueueTimeout` after
+        ``timeout_s``. If the caller is cancelled (its client went away) it leaves the queue and never holds
+        a permit.
         """
         if self._closed is not None:
             raise self._closed()
+        tenant = self.default_tenant if tenant is None else tenant
         candidates = self._candidates(eligible)
         if not any(target.healthy for target in candidates):
             raise NoHealthyUpstream("no healthy upstream serves this request", retry_after_s=2)
-        if self._waiting == 0:
-            target = self._best(eligible, hint)
+        if tenant.quota is not None:
+            wait = tenant.quota.retry_after(self._clock())
+            if wait is not None:
+                raise QuotaExceeded(f"tenant {tenant.name!r} used its output-token quota "
+                                    f"({tenant.quota.capacity:g} per minute)", retry_after_s=wait)
+        queue = self._queue
+        # A free slot with requests queued is one none of them can take (dispatch runs whenever room appears):
+        # an arrival skips nobody by taking it, unless it would pass its own tenant's queued requests.
+        if not tenant.queued and tenant.may_run():
+            target = self._best(eligible, tenant, hint)
             if target is not None:
-                return self._grant(target)
-        if self._waiting >= self.max_queue:
+                return self._grant(target, tenant)
+        if len(queue) >= self.max_queue:
             raise QueueFull(
                 f"the gateway's queue is full ({self.max_queue} waiting)", retry_after_s=self.retry_after()
             )
-        loop = asyncio.get_running_loop()
-        waiter: _Waiter[T] = _Waiter((-priority, next(self._seq)), loop.create_future(), eligible, self._clock(),
-                                     hint=hint)
-        heapq.heappush(self._heap, waiter)
-        self._waiting += 1
+        if tenant.max_queued is not None and tenant.queued >= tenant.max_queued:
+            raise TenantQueueFull(f"tenant {tenant.name!r} has {tenant.queued} requests queued, its cap",
+                                  retry_after_s=tenant.retry_after(self._clock()))
+        waiter: _Waiter[T] = _Waiter(asyncio.get_running_loop().create_future(), eligible, tenant, priority, hint)
+        queue.push(waiter, flow=tenant, weight=tenant.weight, cls=priority)
+        self.reserve.join(tenant)
+        tenant.queued += 1
+        self.dispatch()  # work-conserving: a free slot the waiters ahead could not take is this one's
         try:
             return await asyncio.wait_for(asyncio.shield(waiter.future), timeout_s)
         except BaseException as exc:
@@ -264,25 +319,19 @@ class AdmissionQueue(Generic[T]):
         if not waiter.gone:
             waiter.gone = True
             future.cancel()
-            self._waiting -= 1
-            self._compact()
-
-    def _compact(self) -> None:
-        """Drop the heap's dead entries once they outnumber the live ones, so requests that left the queue
-        (timed out, hung up) never pile up behind a head that cannot be admitted."""
-        if len(self._heap) > 2 * self._waiting + 64:
-            self._heap = [waiter for waiter in self._heap if not waiter.gone]
-            heapq.heapify(self._heap)
+            waiter.tenant.queued -= 1
+            self.reserve.settle(waiter.tenant)
+            self._queue.forget(flow=waiter.tenant, cls=waiter.cls)
 
     def close(self, error: Callable[[], AdmissionError]) -> None:
         """Refuse every queued request and every later one with ``error()`` (the gateway is draining)."""
         self._closed = error
-        for waiter in self._heap:
-            if not waiter.gone:
-                waiter.gone = True
-                waiter.future.set_exception(error())
-        self._heap.clear()
-        self._waiting = 0
+        for waiter in list(self._queue):
+            waiter.gone = True
+            waiter.tenant.queued -= 1
+            self.reserve.settle(waiter.tenant)
+            waiter.future.set_exception(error())
+        self._queue.clear()
 
     def release(self, permit: Permit[T]) -> None:
         """Return a permit (idempotent) and admit whoever can now run."""
@@ -291,6 +340,8 @@ class AdmissionQueue(Generic[T]):
         permit.released = True
         permit.limiter.release()
         now = self._clock()
+        permit.tenant.released(now)
+        self.reserve.settle(permit.tenant)
         self._releases.append(now)
         self._forget_releases(now)
         self.dispatch()
@@ -299,29 +350,33 @@ class AdmissionQueue(Generic[T]):
         """Admit queued requests while some eligible upstream has a free permit.
 
         Call it after anything that frees capacity: a release, a raised limit, an upstream turning
-        healthy. Waiters are taken in priority order; a waiter whose upstreams are all busy does not
-        block the ones behind it that can go elsewhere.
+        healthy. Who goes first is the fair queue's choice; a waiter whose upstreams are all busy does not
+        block the ones behind it that can go elsewhere, nor does a tenant at its in-flight cap.
         """
-        if not self._waiting:
+        queue = self._queue
+        if not queue:
             return
-        skipped: list[_Waiter[T]] = []
-        while self._heap:
-            waiter = heapq.heappop(self._heap)
-            if waiter.gone:
-                continue
-            target = self._best(waiter.eligible, waiter.hint)
-            if target is None:
-                skipped.append(waiter)
-                if not any(_available(t) for t in self.targets.values()):
-                    break
-                continue
-            self._waiting -= 1
-            waiter.gone = True
-            waiter.future.set_result(self._grant(target))
-        for waiter in skipped:
-            heapq.heappush(self._heap, waiter)
+        placed: list[T] = []
 
-    def try_acquire(self, eligible: Collection[str]) -> Permit[T] | None:
+        def place(waiter: _Waiter[T]) -> bool:
+            target = self._best(waiter.eligible, waiter.tenant, waiter.hint)
+            if target is None:
+                return False
+            placed.append(target)
+            return True
+
+        targets = self.targets.values()
+        while queue and any(_available(t) for t in targets):
+            waiter = queue.pop(self._may_run, place)  # type: ignore[arg-type]
+            if waiter is None:
+                break
+            waiter.gone = True
+            permit = self._grant(placed.pop(), waiter.tenant)
+            waiter.tenant.queued -= 1  # after the grant: it stays active throughout
+            waiter.future.set_result(permit)
+
+    def try_acquire(self, eligible: Collection[str], tenant: Tenant | None = None) -> Permit[T] | None:
         """A permit right now on one of ``eligible`` or None; used to fail over without queueing."""
-        target = self._best(eligible)
-        return None if target is None else self._grant(target)
+        tenant = self.default_tenant if tenant is None else tenant
+        target = self._best(eligible, tenant)
+        return None if target is None else self._grant(target, tenant)

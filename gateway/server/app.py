@@ -38,6 +38,14 @@ def _bind_gauges(gateway: Gateway) -> None:
     metrics.queue_depth.set_function(lambda: gateway.queue.depth)
     for upstream in gateway.pool:
         _bind_upstream_gauges(metrics, upstream)
+    for label in gateway.tenants.labels():
+        _bind_tenant_gauges(gateway, label)
+
+
+def _bind_tenant_gauges(gateway: Gateway, label: str) -> None:
+    tenants, per_tenant = gateway.tenants, gateway.metrics.tenants
+    per_tenant.queue_depth.labels(label).set_function(lambda: sum(t.queued for t in tenants if t.label == label))
+    per_tenant.inflight.labels(label).set_function(lambda: sum(t.inflight for t in tenants if t.label == label))
 
 
 def _bind_upstream_gauges(metrics: GatewayMetrics, upstream: Upstream) -> None:

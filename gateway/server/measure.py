@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.control.window import Outcome, RequestSample
-from gateway.telemetry.metrics import GatewayMetrics
+from gateway.server.tenants import Tenant
 from gateway.server.upstreams import Upstream
+from gateway.telemetry.metrics import GatewayMetrics
 
 # Seconds the request waited in the gateway's queue, on every proxied answer: a client can take it off its
 # own TTFT to see what the backend took (what the TTFT objective judges), and tell the queue from the backend.
@@ -43,6 +44,7 @@ class RequestTracker:
     streamed: bool = False
     outcome: Outcome | None = None  # how it ended upstream, once finished
     finished: float | None = None
+    tenant: Tenant | None = None
     done: bool = field(default=False, repr=False)
     _open: tuple[Upstream, int] | None = field(default=None, repr=False)  # where it is registered in flight
 
@@ -50,6 +52,8 @@ class RequestTracker:
         self.upstream = upstream
         self.admitted = admitted
         self.queue_wait = queue_wait
+        if self.tenant is not None:
+            self.tenant.count_wait(queue_wait)
 
     def switch(self, upstream: Upstream) -> None:
         """The request goes to ``upstream`` now (its first attempt, or a failover before any byte)."""
@@ -116,6 +120,8 @@ class RequestTracker:
         )
         upstream.window.add(sample)
         label, model = upstream.name, self.model
+        if self.tenant is not None:
+            self.tenant.spend(output, now)  # its quota and its output-token count
         child = metrics.child
         child(metrics.upstream_requests, label, outcome.value, model).inc()
         if self.prompt_tokens:

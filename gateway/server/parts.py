@@ -12,6 +12,7 @@ from gateway.server.admission import AdmissionQueue, Limiter
 from gateway.server.drain import DrainState
 from gateway.server.response_affinity import ResponseAffinity
 from gateway.server.routing import MetricsObserver, PrefixMap, PrefixRouter, RandomRouter
+from gateway.server.tenants import TenantDirectory
 from gateway.server.upstream_client import UpstreamClient
 from gateway.server.upstreams import Upstream, UpstreamPool
 from gateway.settings import Settings
@@ -25,6 +26,7 @@ class Gateway:
     queue: AdmissionQueue[Upstream]
     client: UpstreamClient
     metrics: GatewayMetrics
+    tenants: TenantDirectory
     clock: Callable[[], float] = time.monotonic
     drain: DrainState = field(default_factory=DrainState)
     responses: ResponseAffinity = field(init=False)  # which upstream created each stored response
@@ -36,7 +38,8 @@ class Gateway:
         settings = self.settings
         self.responses = ResponseAffinity(max_entries=settings.response_affinity_max,
                                           ttl_s=settings.response_affinity_ttl_s, clock=self.clock)
-        self.client_keys = tuple(key.encode() for key in settings.api_keys)
+        self.client_keys = tuple(key.encode() for key in settings.api_keys) + tuple(
+            key.encode() for tenant in settings.tenants for key in tenant.api_keys)
         self.admin_key = settings.admin_api_key.encode() if settings.admin_api_key else None
 
     @classmethod
@@ -57,8 +60,12 @@ class Gateway:
             router = (RandomRouter(prefixes, observer=observer) if settings.routing == "random" else
                       PrefixRouter(prefixes, load_weight=settings.routing_load_weight, observer=observer))
             metrics.routing_prefix_map_entries.set_function(lambda: len(prefixes))
+        tenants = TenantDirectory(settings, clock=clock, meters=metrics.tenants.meters)
         queue = AdmissionQueue(upstreams, max_queue=settings.max_queue, clock=clock,
-                               choose=None if router is None else router.choose)
+                               choose=None if router is None else router.choose,
+                               classes=len(settings.priority_classes), discipline=settings.queue_discipline,
+                               starvation_after=settings.starvation_after, default_tenant=tenants.default,
+                               reserve=settings.tenant_reserve)
         client = UpstreamClient(
             connect_timeout_s=settings.connect_timeout_s,
             total_timeout_s=settings.upstream_timeout_s,
@@ -67,4 +74,4 @@ class Gateway:
         )
         metrics.info.info({"version": __version__})
         metrics.queue_capacity.set(settings.max_queue)
-        return cls(settings, UpstreamPool(upstreams), queue, client, metrics, clock, router=router)
+        return cls(settings, UpstreamPool(upstreams), queue, client, metrics, tenants, clock, router=router)

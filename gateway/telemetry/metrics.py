@@ -57,12 +57,6 @@ OVERHEAD_BUCKETS = (
 )
 
 
-def priority_label(priority: int) -> str:
-    """The ``priority`` label of a request: its sign only. The header is the client's integer, and every
-    distinct value would be a new series; what an operator compares is above, at and below the default."""
-    return "high" if priority > 0 else "low" if priority < 0 else "normal"
-
-
 class ReadAtScrape(Collector):
     """A family whose values are read from live objects when Prometheus scrapes.
 
@@ -141,7 +135,7 @@ class GatewayMetrics:
         self.queue_wait = Histogram(
             "sweetspot_queue_wait_seconds",
             "Time requests spent queued, by how the wait ended (admitted, timed_out, client_gone, rejected) "
-            "and priority (high, normal, low: the sign of the priority header).",
+            "and priority class (one of the configured priority_classes).",
             ["outcome", "priority"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.inflight = Gauge(
@@ -300,6 +294,8 @@ class GatewayMetrics:
             "Prompt-prefix chunks the router remembers (bounded by routing_prefix_map_max).", registry=r,
         )
 
+        self.tenants = TenantMetrics(r)
+
     def child(self, metric: M, *labels: str) -> M:
         """``metric.labels(*labels)``, bound once and kept. ``labels()`` takes a lock and builds its key on
         every call, which the request path would otherwise pay several times per request; the label values
@@ -309,3 +305,66 @@ class GatewayMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return cast(M, found)
+
+
+# --- per tenant ------------------------------------------------------------------------------------
+# Labelled `tenant`: a configured tenant's name, `default`, or `other` for every tenant without an entry of
+# its own (header-named ones), so the number of series stays bounded whatever clients send.
+
+
+class TenantMeters:
+    """One tenant label's bound children, for the request path (``labels()`` costs a lock and a key)."""
+
+    __slots__ = ("requests", "queue_wait", "output_tokens", "_rejections", "_rejections_metric", "_label")
+
+    def __init__(self, metrics: TenantMetrics, label: str) -> None:
+        self._label = label
+        self.requests = metrics.requests.labels(label)
+        self.queue_wait = metrics.queue_wait.labels(label)
+        self.output_tokens = metrics.output_tokens.labels(label)
+        self._rejections: dict[str, Counter] = {}
+        self._rejections_metric = metrics.rejections
+
+    def rejected(self, reason: str) -> None:
+        child = self._rejections.get(reason)
+        if child is None:
+            child = self._rejections[reason] = self._rejections_metric.labels(self._label, reason)
+        child.inc()
+
+
+class TenantMetrics:
+    """The per-tenant series. Queue depth and in-flight are read from the admission queue at scrape time."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.requests = Counter(
+            "sweetspot_tenant_requests", "Client requests received on the proxied routes, by tenant.",
+            ["tenant"], registry=r,
+        )
+        self.rejections = Counter(
+            "sweetspot_tenant_rejections",
+            "Requests the gateway refused, by tenant and reason (queue_full, tenant_queue_full, quota_exceeded, "
+            "queue_timeout, no_upstream, shutting_down, bad_request, ...).",
+            ["tenant", "reason"], registry=r,
+        )
+        self.queue_depth = Gauge(
+            "sweetspot_tenant_queue_depth", "Requests waiting for a permit, by tenant.", ["tenant"], registry=r
+        )
+        self.inflight = Gauge(
+            "sweetspot_tenant_inflight", "Requests admitted and not finished, by tenant.", ["tenant"], registry=r
+        )
+        self.queue_wait = Histogram(
+            "sweetspot_tenant_queue_wait_seconds", "Time admitted requests spent queued, by tenant.",
+            ["tenant"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.output_tokens = Counter(
+            "sweetspot_tenant_output_tokens", "Output tokens of finished requests (upstream usage), by tenant.",
+            ["tenant"], registry=r,
+        )
+        self._meters: dict[str, TenantMeters] = {}
+
+    def meters(self, label: str) -> TenantMeters:
+        found = self._meters.get(label)
+        if found is None:
+            found = self._meters[label] = TenantMeters(self, label)
+        return found

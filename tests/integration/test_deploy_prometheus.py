@@ -294,7 +294,7 @@ def test_gateway_series_follow_the_conventions(stack: Stack) -> None:
     assert by_outcome["admitted"] >= stack.load["ok"], by_outcome
     priorities = {s["metric"]["priority"] for s in finite_series(
         stack.query("sum by (priority) (sweetspot_queue_wait_seconds_count)"))}
-    assert priorities == {"normal"}  # the load sent no priority header
+    assert priorities == {"standard"}  # the load sent no priority header: the default class
     model = stack.sim_model
     served = finite_series(stack.query(f'sum by (model) (sweetspot_requests_total{{status="200"}})'))
     assert [s["metric"].get("model") for s in served] == [model]

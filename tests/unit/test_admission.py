@@ -31,8 +31,9 @@ def targets(**limits: int) -> list[Target]:
     return [Target(name, Limiter(name, limit)) for name, limit in limits.items()]
 
 
-def make(limit: int = 1, max_queue: int = 10, names: tuple[str, ...] = ("a",)) -> AdmissionQueue[Target]:
-    return AdmissionQueue([Target(n, Limiter(n, limit)) for n in names], max_queue=max_queue, clock=FakeClock())
+def make(limit: int = 1, max_queue: int = 10, names: tuple[str, ...] = ("a",), classes: int = 1) -> AdmissionQueue[Target]:
+    return AdmissionQueue([Target(n, Limiter(n, limit)) for n in names], max_queue=max_queue, clock=FakeClock(),
+                          classes=classes)
 
 
 async def test_admits_up_to_the_limit_then_queues_fifo() -> None:
@@ -56,8 +57,8 @@ async def test_admits_up_to_the_limit_then_queues_fifo() -> None:
     assert queue.targets["a"].limiter.inflight == 0 and queue.depth == 0
 
 
-async def test_higher_priority_goes_first_fifo_within_priority() -> None:
-    queue = make(limit=1)
+async def test_higher_class_goes_first_fifo_within_a_class() -> None:
+    queue = make(limit=1, classes=3)
     held = await queue.acquire(timeout_s=1)
     order: list[str] = []
 
@@ -67,7 +68,7 @@ async def test_higher_priority_goes_first_fifo_within_priority() -> None:
         queue.release(permit)
 
     tasks = []
-    for tag, prio in [("low1", 0), ("high1", 5), ("low2", 0), ("high2", 5), ("mid", 1)]:
+    for tag, prio in [("low1", 2), ("high1", 0), ("low2", 2), ("high2", 0), ("mid", 1)]:
         tasks.append(asyncio.create_task(wait(tag, prio)))
         await asyncio.sleep(0)
     queue.release(held)
@@ -181,14 +182,14 @@ async def test_requests_that_left_the_queue_do_not_pile_up_behind_a_blocked_head
     not only when someone reads the queue."""
     queue = make(limit=1, max_queue=100_000)
     held = await queue.acquire(timeout_s=1)
-    head = asyncio.create_task(queue.acquire(priority=10, timeout_s=60))
+    head = asyncio.create_task(queue.acquire(timeout_s=60))
     for _ in range(20):
         gone = [asyncio.create_task(queue.acquire(timeout_s=60)) for _ in range(500)]
         await asyncio.sleep(0)
         for task in gone:
             task.cancel()
         await asyncio.gather(*gone, return_exceptions=True)
-        assert len(queue._heap) <= 2 * queue.depth + 64 + 1  # the live head, and a bounded slack
+        assert queue._queue.stored() <= 2 * queue.depth + 64 + 1  # the live head, and a bounded slack
     assert queue.depth == 1
     queue.release(held)
     assert (await head).target.name == "a"

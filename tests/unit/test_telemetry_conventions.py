@@ -23,7 +23,7 @@ from gateway.server.logs import configure_logging, log_access
 from gateway.server.upstreams import Upstream
 from gateway.telemetry.backends import BackendSnapshot
 from gateway.telemetry.loop_lag import LoopLagProbe
-from gateway.telemetry.metrics import GatewayMetrics, priority_label
+from gateway.telemetry.metrics import GatewayMetrics
 
 
 def scrape(metrics: GatewayMetrics) -> tuple[str, dict[str, str]]:
@@ -61,11 +61,6 @@ def test_unknown_backend_values_are_absent_and_known_ones_exported() -> None:
     assert 'sweetspot_backend_preemptions_total{upstream="http://a"} 7.0' in text
     known["kv"] = None  # the backend stopped reporting it: the series goes away with it
     assert "sweetspot_backend_kv_cache_usage_ratio{" not in scrape(metrics)[0]
-
-
-def test_priority_label_is_bounded() -> None:
-    assert {priority_label(p) for p in range(-1000, 1000)} == {"high", "normal", "low"}
-    assert (priority_label(5), priority_label(0), priority_label(-2)) == ("high", "normal", "low")
 
 
 async def test_loop_lag_probe_records_how_late_each_tick_ran() -> None:

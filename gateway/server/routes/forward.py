@@ -28,9 +28,7 @@ from gateway.server.measure import QUEUE_HEADER, RequestTracker, queue_header_va
 from gateway.server.parts import Gateway
 from gateway.server.routing import RouteHint
 from gateway.server.request_watch import ClientGone, RequestWatch, ServerShutdown
-from gateway.server.routes.auth import (
-    has_valid_key,
-)
+from gateway.server.routes.auth import bearer_token
 from gateway.server.routes.inbound import RequestHeaders, read_body
 from gateway.server.routes.table import Route
 from gateway.server.routes.validation import (
@@ -40,6 +38,7 @@ from gateway.server.routes.validation import (
 )
 from gateway.server.sse import SSEFilter, StreamWatcher
 from gateway.server.streaming import ProxyStreamResponse
+from gateway.server.tenants import Tenant
 from gateway.server.upstream_client import (
     UpstreamFailed,
     UpstreamReply,
@@ -47,7 +46,6 @@ from gateway.server.upstream_client import (
 )
 from gateway.server.upstream_headers import request_headers
 from gateway.server.upstreams import Upstream
-from gateway.telemetry.metrics import priority_label
 
 log = logging.getLogger("sweetspot.api")
 
@@ -66,7 +64,8 @@ class Forward:
         self.route = route
         self.gateway = gateway
         self.tracker = RequestTracker(arrived=self.gateway.clock(), clock=self.gateway.clock)
-        self.headers = RequestHeaders(scope["headers"], self.gateway.settings.priority_header)
+        self.headers = RequestHeaders(scope["headers"], self.gateway.settings.priority_header, gateway.tenants.header)
+        self.tenant: Tenant | None = None
         self.request_id = self.headers.request_id or secrets.token_hex(16)
         self.permit: Permit[Upstream] | None = None  # the permit held right now, for the last-resort clean-up
         self.refused: str | None = None  # the rejection reason, when the gateway refused it itself
@@ -93,6 +92,8 @@ class Forward:
                 param: str | None = None, retry_after_s: int | None = None) -> Response:
         self.refused = reason
         self.gateway.metrics.rejections.labels(reason).inc()
+        if self.tenant is not None:
+            self.tenant.count_rejection(reason)
         return self._answer(error_response(status, message, code=code or reason, param=param, reason=reason,
                                            retry_after_s=retry_after_s, dialect=self.route.dialect))
 
@@ -104,9 +105,12 @@ class Forward:
                                     "shutting_down", retry_after_s=DRAIN_RETRY_AFTER_S)
             response.headers["connection"] = "close"
             return response
-        if gateway.client_keys and not has_valid_key(self.headers.authorization, self.headers.api_key,
-                                                     gateway.client_keys):
+        tenant = gateway.tenants.identify(bearer_token(self.headers.authorization), self.headers.api_key,
+                                          named=self.headers.tenant)
+        if tenant is None:
             return self._refuse(401, "invalid or missing API key", "unauthorized", code="invalid_api_key")
+        self.tenant = self.tracker.tenant = tenant
+        tenant.count_request()
         if not self.headers.is_json:
             return self._refuse(415, "request bodies must be JSON (Content-Type: application/json)",
                                 "unsupported_media_type")
@@ -126,7 +130,7 @@ class Forward:
             return self._refuse(413, f"request body exceeds {settings.max_body_bytes} bytes", "body_too_large")
         try:
             parsed = parse_body(self.route.schema, body)
-            priority = self._priority()
+            priority = self._priority(tenant)
             n = getattr(parsed, "n", None)
             if n is not None and n > settings.max_n:
                 raise BadRequest(f"n: at most {settings.max_n} choices per request", param="n")
@@ -180,15 +184,15 @@ class Forward:
             if not handed_off:
                 watch.close()
 
-    def _priority(self) -> int:
+    def _priority(self, tenant: Tenant) -> int:
+        """The request's class: the tenant's own, or the one the header asks for, never above what it may."""
         raw = self.headers.priority
         if raw is None:
-            return 0
+            return tenant.priority
         try:
-            return int(raw)
-        except ValueError:
-            raise BadRequest(f"header {self.gateway.settings.priority_header} must be an integer",
-                             param=self.gateway.settings.priority_header) from None
+            return self.gateway.tenants.asked_class(tenant, raw)
+        except ValueError as exc:
+            raise BadRequest(str(exc), param=self.gateway.settings.priority_header) from None
 
     async def _admit(self, eligible: list[str], priority: int, watch: RequestWatch,
                      hint: RouteHint | None = None) -> Permit[Upstream]:
@@ -196,10 +200,11 @@ class Forward:
         gateway = self.gateway
         metrics = gateway.metrics
         waited_from = gateway.clock()
-        level = priority_label(priority)
+        level = gateway.tenants.classes[priority]
         try:
             permit = await watch.guard(gateway.queue.acquire(
-                priority=priority, eligible=eligible, timeout_s=gateway.settings.queue_timeout_s, hint=hint))
+                tenant=self.tenant, priority=priority, eligible=eligible, timeout_s=gateway.settings.queue_timeout_s,
+                hint=hint))
         except ClientGone:
             metrics.child(metrics.queue_wait, "client_gone", level).observe(gateway.clock() - waited_from)
             metrics.rejections.labels("client_disconnected").inc()
@@ -252,7 +257,7 @@ class Forward:
                 alternative = None
                 if exc.not_processed and not failed_over:
                     others = [name for name in eligible if name != upstream.name]
-                    alternative = gateway.queue.try_acquire(others) if others else None
+                    alternative = gateway.queue.try_acquire(others, permit.tenant) if others else None
                 if alternative is not None:
                     gateway.metrics.upstream_retries.labels(upstream.name, "failover").inc()
                     self.tracker.failed_attempt(gateway.metrics)

@@ -10,6 +10,8 @@ from gateway.server.request_watch import ClientGone
 
 #: An X-Request-Id the gateway accepts from a client (it goes upstream and into logs): short, printable ASCII.
 _REQUEST_ID = re.compile(rb"[!-~]{1,128}")
+#: A tenant name a header may carry: anything else is ignored (the request is the default tenant's).
+_TENANT = re.compile(rb"[A-Za-z0-9_.-]{1,64}")
 
 
 class RequestHeaders:
@@ -19,9 +21,11 @@ class RequestHeaders:
     ``authorization`` stays bytes (it is compared as bytes, whatever a client sent); an ``X-Request-Id``
     that is long or not printable ASCII is ignored, so the gateway makes one of its own."""
 
-    __slots__ = ("authorization", "api_key", "content_length", "content_type", "request_id", "priority", "api")
+    __slots__ = ("authorization", "api_key", "content_length", "content_type", "request_id", "priority", "api",
+                 "tenant")
 
-    def __init__(self, raw: list[tuple[bytes, bytes]], priority_header: str) -> None:
+    def __init__(self, raw: list[tuple[bytes, bytes]], priority_header: str,
+                 tenant_header: bytes | None = None) -> None:
         self.authorization: bytes | None = None
         self.api_key: bytes | None = None  # Anthropic's SDK sends its key as x-api-key
         self.api: dict[str, str] = {}  # headers that are part of the API's contract (anthropic-version, -beta)
@@ -29,6 +33,7 @@ class RequestHeaders:
         self.content_type: bytes | None = None
         self.request_id: str | None = None
         self.priority: str | None = None
+        self.tenant: bytes | None = None  # only read when a tenant header is configured (a trusted network)
         priority_name = priority_header.lower().encode("latin-1")
         for name, value in raw:
             if name == b"authorization":
@@ -45,6 +50,8 @@ class RequestHeaders:
                 self.api_key = value
             elif name.startswith(b"anthropic-"):
                 self.api[name.decode("latin-1")] = value.decode("latin-1")
+            elif name == tenant_header and _TENANT.fullmatch(value):
+                self.tenant = value
 
     @property
     def is_json(self) -> bool:

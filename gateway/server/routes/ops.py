@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.server.control_loop import ControlLoop
 from gateway.server.parts import Gateway
 from gateway.server.routes.auth import key_matches, raw_header, unauthorized
+from gateway.settings import OTHER_TENANTS
 
 router = APIRouter()
 
@@ -94,6 +95,7 @@ async def state(request: Request) -> Response:
         "max_queue": gateway.queue.max_queue,
         "drain_rate_per_s": round(gateway.queue.drain_rate(), 3),
         "retry_after_s": gateway.queue.retry_after(),
+        "by_class": {name: gateway.queue.class_depth(index) for index, name in enumerate(gateway.tenants.classes)},
     }
     router = gateway.router
     routing: dict[str, object] = {"policy": gateway.settings.routing if router is not None else "least_loaded"}
@@ -101,4 +103,30 @@ async def state(request: Request) -> Response:
         routing["prefix_map_entries"] = len(router.prefixes)
         routing["prefix_map_max"] = router.prefixes.max_entries
     # Which process answered: with `serve --workers N` each worker is a replica with its own state.
-    return JSONResponse({"queue": queue, "routing": routing, "upstreams": upstreams, "process": os.getpid()})
+    return JSONResponse({"queue": queue, "routing": routing, "upstreams": upstreams,
+                         "tenants": tenant_state(gateway, now), "process": os.getpid()})
+
+
+def tenant_state(gateway: Gateway, now: float) -> dict[str, dict[str, object]]:
+    """Each configured tenant (and `default`) by name; the header-named ones summed up as `other`."""
+    classes = gateway.tenants.classes
+    out: dict[str, dict[str, object]] = {}
+    other = {"tenants": 0, "queued": 0, "inflight": 0}
+    for tenant in gateway.tenants:
+        if tenant.label == OTHER_TENANTS:
+            other["tenants"] += 1
+            other["queued"] += tenant.queued
+            other["inflight"] += tenant.inflight
+            continue
+        quota = tenant.quota
+        out[tenant.name] = {
+            "weight": tenant.weight, "priority": classes[tenant.priority], "max_priority": classes[tenant.max_priority],
+            "queued": tenant.queued, "inflight": tenant.inflight,
+            "max_queued": tenant.max_queued, "max_inflight": tenant.max_inflight,
+            "retry_after_s": tenant.retry_after(now),
+            "quota": None if quota is None else {
+                "output_tokens_per_minute": int(quota.capacity), "left": int(quota.level),
+                "retry_after_s": quota.retry_after(now)},
+        }
+    out[OTHER_TENANTS] = dict(other)
+    return out

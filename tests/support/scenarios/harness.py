@@ -31,6 +31,10 @@ from gateway.control.observation import Headroom, LimiterState
 from gateway.control.controller import UpstreamControl
 from gateway.control.share import Entry, Peers
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
+from gateway.server.fair_queue import Discipline, FairQueue
+from gateway.server.reserve import Reserve
+from gateway.server.tenants import Tenant
+from gateway.settings import Settings
 from gateway.sim.engine import Engine, InjectedError, StepResult
 from gateway.sim.profiles import Profile
 
@@ -79,12 +83,41 @@ class Conditions:
     backend_counter: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class TenantSpec:
+    name: str
+    weight: float = 1.0
+    cls: int = 0  # priority class, 0 the highest
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """Clients split between tenants, queued by the gateway's own :class:`FairQueue` instead of one FIFO.
+
+    ``assign(client)`` gives a client's tenant index; by default clients go round robin."""
+
+    tenants: tuple[TenantSpec, ...]
+    discipline: Discipline = "fair"
+    starvation_after: int = 20
+    assign: Callable[[int], int] | None = None
+    reserve: float = Settings.model_fields["tenant_reserve"].default  # the gateway's (fair discipline only)
+
+    def of(self, client: int) -> TenantSpec:
+        index = client % len(self.tenants) if self.assign is None else self.assign(client)
+        return self.tenants[index]
+
+    @property
+    def classes(self) -> int:
+        return max(spec.cls for spec in self.tenants) + 1
+
+
 @dataclass(slots=True)
 class Finished:
     """One request as the client saw it (times in virtual seconds)."""
 
     gateway: int
     sample: RequestSample
+    tenant: str | None = None
 
 
 @dataclass(slots=True)
@@ -130,12 +163,16 @@ class _Request:
     streamed: bool = True
     open_key: int | None = None  # registered in flight with the gateway's window (non-streamed)
     inflight_at_admit: int = 0
+    tenant: Tenant | None = None
+    gone: bool = False  # what the fair queue asks of its items; nobody leaves a queue here
 
 
 class _Gateway:
-    """A gateway's admission path for one upstream: FIFO queue, limiter, window, controller."""
+    """A gateway's admission path for one upstream: the queue (one FIFO, or the gateway's fair queue and
+    reserve with tenants), limiter, window, controller."""
 
-    def __init__(self, index: int, limit: int, window_s: float, control: UpstreamControl | None) -> None:
+    def __init__(self, index: int, limit: int, window_s: float, control: UpstreamControl | None,
+                 tenancy: Tenancy | None = None) -> None:
         self.index = index
         self.limit = limit
         self.inflight = 0
@@ -143,6 +180,49 @@ class _Gateway:
         self.queue: deque[_Request] = deque()
         self.window = SlidingWindow(window_s)
         self.control = control
+        self.fair: FairQueue[_Request] | None = None
+        self.holders: dict[str, Tenant] = {}  # each tenant's counts at this gateway, as the gateway keeps them
+        self.reserve = Reserve(0.0)
+        self.admitted_over = 0  # admissions that took in-flight above the limit (the rules allow none)
+        if tenancy is not None:
+            self.fair = FairQueue(tenancy.classes, discipline=tenancy.discipline,
+                                  starvation_after=tenancy.starvation_after)
+            self.reserve = Reserve(tenancy.reserve if tenancy.discipline == "fair" else 0.0)
+
+    def holder(self, spec: TenantSpec) -> Tenant:
+        found = self.holders.get(spec.name)
+        if found is None:
+            found = self.holders[spec.name] = Tenant(spec.name, weight=spec.weight, priority=spec.cls,
+                                                     max_priority=spec.cls)
+        return found
+
+    def queued(self) -> int:
+        return len(self.queue) if self.fair is None else len(self.fair)
+
+    def room(self, tenant: Tenant) -> bool:
+        return self.reserve.may_take(tenant, inflight=self.inflight, limit=self.limit)
+
+    def push(self, request: _Request) -> None:
+        if self.fair is None:
+            self.queue.append(request)
+        else:
+            tenant = request.tenant
+            assert tenant is not None
+            self.fair.push(request, flow=tenant, weight=tenant.weight, cls=tenant.priority)
+            self.reserve.join(tenant)
+            tenant.queued += 1
+
+    def pop(self) -> _Request | None:
+        if self.fair is None:
+            return self.queue.popleft() if self.queue else None
+        request = self.fair.pop(self.room, _anywhere)  # type: ignore[arg-type]
+        if request is not None and request.tenant is not None:
+            request.tenant.queued -= 1  # it is admitted at once: it stays active throughout
+        return request
+
+
+def _anywhere(_request: _Request) -> bool:
+    return True
 
 
 class Harness:
@@ -170,6 +250,7 @@ class Harness:
         algorithm: Callable[[], LimitAlgorithm] | None = None,
         shared: bool = False,
         count_at_end: bool = False,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self.profile = profile
         # Meter every token when it becomes visible to the gateway (a whole answer's at its end), as the
@@ -181,6 +262,7 @@ class Harness:
         self.control_interval_s = control_interval_s
         self.scrape_interval_s = scrape_interval_s
         self.hard_cap = hard_cap
+        self.tenancy = tenancy
         self.gateways: list[_Gateway] = []
         for g in range(gateways):
             control = None
@@ -188,7 +270,7 @@ class Harness:
                 control = UpstreamControl(f"gw{g}", config, initial_limit=initial_limit, start=start,
                                           algorithm=None if algorithm is None else algorithm())
             limit = static_limit if static_limit is not None else control.limit  # type: ignore[union-attr]
-            self.gateways.append(_Gateway(g, limit, config.window_s, control))
+            self.gateways.append(_Gateway(g, limit, config.window_s, control, tenancy))
         self.trace = Trace()
         self.now = 0.0
         self.conditions: Conditions | None = None
@@ -253,7 +335,7 @@ class Harness:
                 first_token=request.first_token, prompt_tokens=request.prompt,
                 output_tokens=request.tokens, outcome=Outcome.OK,
             )
-            out.append(Finished(request.gateway, sample))
+            out.append(Finished(request.gateway, sample, None if request.tenant is None else request.tenant.name))
         return out
 
     def _kick(self) -> None:
@@ -279,23 +361,38 @@ class Harness:
         self._busy[g].add(client)
         gw = self.gateways[g]
         request = _Request(g, client, prompt, output, arrived=self.now, streamed=streamed)
-        gw.queue.append(request)
+        if self.tenancy is not None:
+            request.tenant = gw.holder(self.tenancy.of(client))
+            if not request.tenant.queued and gw.room(request.tenant):  # as the gateway's fast path
+                self._admit(gw, request)
+                return
+        gw.push(request)
         self._dispatch(gw)
 
     def _dispatch(self, gw: _Gateway) -> None:
-        while gw.queue and gw.inflight < gw.limit:
-            request = gw.queue.popleft()
-            request.admitted = self.now
-            if not request.streamed:
-                request.open_key = gw.window.opened(self.now)
-            gw.inflight += 1
-            request.inflight_at_admit = gw.inflight
-            gw.peak = max(gw.peak, gw.inflight)
-            hop = self.conditions.hop_s if self.conditions is not None else 0.0
-            if hop > 0:  # drawn only with a hop: runs without one keep their random sequence
-                self._push(self.now + self.rng.uniform(0.0, hop), "submit", request)
-            else:
-                self._submit(request)
+        while gw.inflight < gw.limit:
+            request = gw.pop()
+            if request is None:
+                break
+            self._admit(gw, request)
+
+    def _admit(self, gw: _Gateway, request: _Request) -> None:
+        request.admitted = self.now
+        if not request.streamed:
+            request.open_key = gw.window.opened(self.now)
+        gw.inflight += 1
+        if gw.inflight > gw.limit:
+            gw.admitted_over += 1
+        if request.tenant is not None:
+            gw.reserve.join(request.tenant)
+            request.tenant.inflight += 1
+        request.inflight_at_admit = gw.inflight
+        gw.peak = max(gw.peak, gw.inflight)
+        hop = self.conditions.hop_s if self.conditions is not None else 0.0
+        if hop > 0:  # drawn only with a hop: runs without one keep their random sequence
+            self._push(self.now + self.rng.uniform(0.0, hop), "submit", request)
+        else:
+            self._submit(request)
 
     def _submit(self, request: _Request) -> None:
         try:
@@ -308,6 +405,9 @@ class Harness:
     def _end(self, request: _Request, outcome: Outcome) -> None:
         gw = self.gateways[request.gateway]
         gw.inflight -= 1
+        if request.tenant is not None:
+            request.tenant.inflight -= 1
+            gw.reserve.settle(request.tenant)
         sample = RequestSample(
             arrived=request.arrived, admitted=request.admitted, finished=self.now,
             first_token=request.first_token, prompt_tokens=request.prompt,
@@ -318,7 +418,8 @@ class Harness:
         gw.window.add(seen)
         if request.open_key is not None:
             gw.window.closed(request.open_key)
-        self.trace.finished.append(Finished(request.gateway, sample))
+        self.trace.finished.append(Finished(request.gateway, sample,
+                                            None if request.tenant is None else request.tenant.name))
         if gw.control is not None and isinstance(gw.control.algorithm, RequestObserver):
             gw.limit = gw.control.algorithm.on_request(self.now, seen, request.inflight_at_admit, gw.inflight)
         self._busy[request.gateway].discard(request.client)
@@ -382,7 +483,7 @@ class Harness:
 
     def _publish(self, g: int, gw: _Gateway) -> None:
         if self.board is not None and g not in self.gone:
-            self.board[g] = Entry(gw.inflight + len(gw.queue), gw.limit, self.now)
+            self.board[g] = Entry(gw.inflight + gw.queued(), gw.limit, self.now)
 
     def restart(self, g: int) -> None:
         """Gateway ``g`` starts afresh (a new pod, or one restarted): a new controller at the initial
@@ -405,7 +506,7 @@ class Harness:
     def _tick(self, g: int) -> None:
         self._push(self.now + self.control_interval_s, "tick", g)
         gw = self.gateways[g]
-        limiter = LimiterState(gw.limit, gw.inflight, max(gw.peak, gw.inflight), len(gw.queue))
+        limiter = LimiterState(gw.limit, gw.inflight, max(gw.peak, gw.inflight), gw.queued())
         gw.peak = gw.inflight
         action = reason = "static"
         if gw.control is not None and gw.control.accounting.counting_backend:
@@ -421,4 +522,4 @@ class Harness:
                 gw.limit = decision.limit
                 self._dispatch(gw)
             self._publish(g, gw)
-        self.trace.ticks.append(Tick(g, self.now, gw.limit, gw.inflight, len(gw.queue), action, reason))
+        self.trace.ticks.append(Tick(g, self.now, gw.limit, gw.inflight, gw.queued(), action, reason))
