@@ -199,7 +199,7 @@ def hard_cap(snapshot: BackendSnapshot, upstream: Upstream, planned_kv_tokens: i
     """The most concurrency the upstream can hold: the smallest of what is known of its scheduler's own
     cap (llama-server's slots; vLLM's ``--max-num-seqs``, which it does not publish, so it comes from
     ``backend_max_seqs``) and its KV capacity divided by the typical request's footprint (prompt + output
-    tokens of recent requests, in whole blocks where the block size is known: vLLM gives a request whole
+    tokens of recent requests, the last known after an idle spell, in whole blocks where the block size is known: vLLM gives a request whole
     blocks from all but one of its blocks, so 128 blocks of 32 hold 15 requests of 232 tokens, not the 17
     their tokens would fill). Past the
     scheduler's cap requests only wait inside the backend, where the gateway can neither order nor time them
@@ -210,16 +210,14 @@ def hard_cap(snapshot: BackendSnapshot, upstream: Upstream, planned_kv_tokens: i
     if max_seqs:
         caps.append(max_seqs)
     capacity = snapshot.kv_capacity_tokens or planned_kv_tokens
-    if capacity:
-        stats = upstream.window.stats(now)
-        if stats.mean_prompt_tokens is not None and stats.mean_output_tokens is not None:
-            footprint = max(stats.mean_prompt_tokens + stats.mean_output_tokens, 1.0)
-            block = snapshot.kv_block_size if snapshot.kv_capacity_tokens else None
-            if block:
-                usable_blocks = capacity // block - 1  # vLLM holds one block back as its null block
-                caps.append(max(usable_blocks // math.ceil(footprint / block), 1))
-            else:
-                caps.append(max(int(capacity // footprint), 1))
+    footprint = upstream.request_footprint(now) if capacity else None
+    if capacity and footprint is not None:
+        block = snapshot.kv_block_size if snapshot.kv_capacity_tokens else None
+        if block:
+            usable_blocks = capacity // block - 1  # vLLM holds one block back as its null block
+            caps.append(max(usable_blocks // math.ceil(footprint / block), 1))
+        else:
+            caps.append(max(int(capacity // footprint), 1))
     return min(caps) if caps else None
 
 

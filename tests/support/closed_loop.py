@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -37,14 +37,15 @@ FAST_CONTROL = {
 Tick = Callable[[], None]
 
 
-def start_configurations(start: Start, upstream: str, static_limits: Iterable[int]) -> dict[str, str]:
+def start_configurations(start: Start, upstream: str, static_limits: Iterable[int],
+                         env: Mapping[str, str] | None = None) -> dict[str, str]:
     """One gateway per configuration in front of ``upstream``: "controller" (default settings but
-    ``FAST_CONTROL``), and "static K" (``--no-control --initial-limit K``) for each K; their URLs by name.
-    Started side by side: each takes a second or two to import and start."""
+    ``FAST_CONTROL``, then ``env``), and "static K" (``--no-control --initial-limit K``) for each K; their
+    URLs by name. Started side by side: each takes a second or two to import and start."""
     configs: dict[str, tuple[str, ...]] = {"controller": ()}
     configs |= {f"static {k}": ("--no-control", "--initial-limit", str(k)) for k in static_limits}
     with ThreadPoolExecutor(len(configs)) as pool:
-        started = {name: pool.submit(start_gateway, start, [upstream], *args, env=FAST_CONTROL)
+        started = {name: pool.submit(start_gateway, start, [upstream], *args, env={**FAST_CONTROL, **(env or {})})
                    for name, args in configs.items()}
         return {name: future.result().url for name, future in started.items()}
 

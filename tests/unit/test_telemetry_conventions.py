@@ -109,6 +109,8 @@ def test_hard_cap_counts_whole_kv_blocks() -> None:
     blocks = BackendSnapshot(kind="vllm", kv_capacity_tokens=128 * 32, kv_block_size=32)
     assert hard_cap(blocks, upstream, None, None, now=10.0) == 15
     assert hard_cap(BackendSnapshot(kind="vllm", kv_capacity_tokens=128 * 32), upstream, None, None, now=10.0) == 17
+    # An idle spell longer than the window keeps the last known footprint, and so the cap.
+    assert hard_cap(blocks, upstream, None, None, now=1000.0) == 15
     # A planned capacity (no scrape) has no block size to round by.
     assert hard_cap(BackendSnapshot(kind="vllm", kv_block_size=32), upstream, 4096, None, now=10.0) == 17
 
