@@ -26,9 +26,8 @@ the counter's delta is that configuration's. Whole answers show their tokens to 
 the controller meters them from the same vLLM counter, attributed to its own share of vLLM's running requests
 (``gateway/control/accounting.py``).
 
-It is a benchmark, not a test: a case takes four to five minutes, and on two shared cores the controller's
-ratio to static C moved between 0.88 and 0.95 over runs, too close to its bar for a suite that must not
-flake. docs/vllm.md has the results.
+It is a benchmark, not a test: a case takes four to five minutes, and docs/vllm.md says what its runs found
+and what it would take to gate the suite with it.
 
     .venv/bin/python -m bench.controller_vllm --json docs/controller-vllm.json
 """
