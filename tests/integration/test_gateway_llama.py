@@ -23,7 +23,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import get_json, metric_value, start_gateway
+from tests.support.gateway import assert_openai_error, get, get_json, metric_value, start_gateway, wait_for
 from tests.support.llama import MODEL, free_port, llama_config, start_llama_server
 from gateway.demo.processes import RunningProcess
 
@@ -60,25 +60,6 @@ def sdk(base: str, **kwargs) -> openai.OpenAI:
                          timeout=kwargs.pop("timeout", 120), **kwargs)
 
 
-def get(url: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.02):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g}s")
-        time.sleep(interval)
-
-
 def busy_slots(llama_url: str) -> int:
     return sum(1 for slot in get_json(f"{llama_url}/slots") if slot["is_processing"])
 
@@ -90,12 +71,6 @@ def upstream_state(gateway: str, url: str) -> dict:
 def outcomes(gateway: str, upstream: str, outcome: str) -> float:
     return metric_value(f"{gateway}/metrics", "sweetspot_upstream_requests_total",
                         {"upstream": upstream, "outcome": outcome}) or 0.0
-
-
-def assert_openai_error(error: object) -> dict:
-    assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}, error
-    assert isinstance(error["message"], str) and error["message"]
-    return error
 
 
 # --- models and routing ----------------------------------------------------------------------------------------------

