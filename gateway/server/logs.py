@@ -35,11 +35,19 @@ def configure_logging(level: str, fmt: LogFormat = "json", *, access_log: bool =
         ))
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_without_terminal_colours)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+
+
+def _without_terminal_colours(record: logging.LogRecord) -> bool:
+    """uvicorn's records carry a copy of their message with ANSI colours (``color_message``) for its own
+    terminal handler; in a JSON line it is noise."""
+    record.__dict__.pop("color_message", None)
+    return True
 
 
 def log_access(fields: dict[str, Any]) -> None:

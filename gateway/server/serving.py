@@ -82,6 +82,7 @@ def _serve_gateway(settings: Settings, *, sock: socket.socket | None = None,
         app, name="sweetspot gateway", host=settings.host, port=settings.port, log_level=settings.log_level,
         banner=lambda: f"upstreams: {', '.join(settings.upstreams)}", http=guarded_protocol(limits),
         drain=lambda: drain(app.gateway, settings.drain_timeout_s), sock=sock, ready=ready,
+        logging_configured=True,
     )
 
 
@@ -138,16 +139,19 @@ class DrainingServer(uvicorn.Server):
 def serve_app(app: ASGIApp, *, name: str, host: str, port: int, log_level: str = "info",
               banner: Callable[[], str] | None = None, http: type[asyncio.Protocol] | str = "httptools",
               drain: Callable[[], Awaitable[None]] | None = None, sock: socket.socket | None = None,
-              ready: Callable[[], object] | None = None) -> None:
+              ready: Callable[[], object] | None = None, logging_configured: bool = False) -> None:
     """Serve until SIGINT/SIGTERM, printing ``{name} listening on http://HOST:PORT`` once ready. ``http`` is
     uvicorn's protocol (a class, for the gateway's front door); ``drain`` runs on the first signal. A worker
-    passes its own listening ``sock`` and a ``ready`` hook instead: its parent announces the port."""
+    passes its own listening ``sock`` and a ``ready`` hook instead: its parent announces the port.
+    ``logging_configured``: the caller set up the root logger, so uvicorn's own lines (start-up, shutdown,
+    errors) go through it, in its format, instead of through uvicorn's plain-text handlers."""
     if sock is None:
         sock = listen_socket(host, port)
     bound_port = sock.getsockname()[1]
     shown_host = _shown(host)
     config = uvicorn.Config(app, http=http, loop="uvloop", lifespan="on", log_level=log_level,
-                            access_log=False, timeout_keep_alive=30, timeout_graceful_shutdown=5)
+                            access_log=False, timeout_keep_alive=30, timeout_graceful_shutdown=5,
+                            log_config=None if logging_configured else uvicorn.config.LOGGING_CONFIG)
     server = uvicorn.Server(config) if drain is None else DrainingServer(config, drain)
 
     async def main() -> None:

@@ -147,6 +147,18 @@ def test_logs_are_one_json_object_per_line(root_logging: None, capsys: pytest.Ca
     assert failure["message"] == "request r2 failed" and "RuntimeError: multi\nline" in failure["exc_info"]
 
 
+def test_uvicorn_lines_are_json_without_terminal_colours(root_logging: None,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # serve_app(logging_configured=True) gives uvicorn no handlers of its own: its records reach the root.
+    configure_logging("info", "json")
+    logging.getLogger("uvicorn.error").info("Started server process [%d]", 7,
+                                            extra={"color_message": "Started server process [\x1b[36m%d\x1b[0m]"})
+    (line,) = capsys.readouterr().err.splitlines()
+    record = json.loads(line)
+    assert record["logger"] == "uvicorn.error" and record["message"] == "Started server process [7]"
+    assert "color_message" not in record
+
+
 def test_log_level_and_access_log_are_settings(root_logging: None, capsys: pytest.CaptureFixture[str]) -> None:
     configure_logging("warning", "json")
     logging.getLogger("sweetspot.controller").info("limit changed")
