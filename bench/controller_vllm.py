@@ -15,7 +15,7 @@ where it sits below that is the knee its throughput readings find.
 Each case prints whether the controller met what #16 asks of it, given 3C closed-loop clients: settled at
 or below C, at most one preemption a minute while measured, at least 0.9x the best static limit's goodput,
 compared round by round in rotated rounds (``tests/support/closed_loop.py``), against static C and against
-static 2C. On this CPU 2C delivers 1.2-1.3x C's goodput and throughput despite 150-200 preemptions a run: a
+static 2C. On this CPU 2C delivers 1.2-1.3x C's goodput and throughput despite 135-215 preemptions a run: a
 preempted request here recomputes a 32-token prompt and the tokens it had made, on a model whose prefill is
 cheap, while vLLM's own queue keeps its batch full. The gateway does not admit past the KV budget: on a GPU
 serving long contexts a preemption throws away seconds of prefill, and TTFT and TPOT go with it.
