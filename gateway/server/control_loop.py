@@ -199,11 +199,11 @@ def hard_cap(snapshot: BackendSnapshot, upstream: Upstream, planned_kv_tokens: i
     """The most concurrency the upstream can hold: the smallest of what is known of its scheduler's own
     cap (llama-server's slots; vLLM's ``--max-num-seqs``, which it does not publish, so it comes from
     ``backend_max_seqs``) and its KV capacity divided by the typical request's footprint (prompt + output
-    tokens of recent requests, the last known after an idle spell, in whole blocks where the block size is known: vLLM gives a request whole
-    blocks from all but one of its blocks, so 128 blocks of 32 hold 15 requests of 232 tokens, not the 17
-    their tokens would fill). Past the
-    scheduler's cap requests only wait inside the backend, where the gateway can neither order nor time them
-    out. None when nothing is known."""
+    tokens of recent requests, the last known after an idle spell). Where the block size is known the
+    footprint counts whole blocks: vLLM gives a request whole blocks, from all but one of its blocks, so 128
+    blocks of 32 hold 15 requests of 232 tokens, not the 17 their tokens would fill. Past the scheduler's cap
+    requests only wait inside the backend, where the gateway can neither order nor time them out. None when
+    nothing is known."""
     caps: list[int] = []
     if snapshot.total_slots:
         caps.append(int(snapshot.total_slots))
