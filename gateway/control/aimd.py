@@ -41,7 +41,7 @@ from gateway.control.knee import CLIMB_STEP, clearly_below, knee_target, paid, p
 from gateway.control.meter import Readings
 from gateway.control.observation import Observation
 from gateway.control.reprobe import Probe, Reprobe
-from gateway.control.share import cap_share, fair_share, over_fair_share
+from gateway.control.share import cap_share, fair_share, over_fair_share, share_move
 from gateway.control.signals import CongestionDetector, Signal
 from gateway.control.tpot import TpotPredictor
 
@@ -92,7 +92,7 @@ class Aimd:
         self._readings.observe(obs, self._limit, bottleneck)
         hi = self.config.limit_max if obs.hard_cap is None else min(
             self.config.limit_max,
-            cap_share(obs.hard_cap, obs.inflight + obs.queue_depth, obs.peers, self.config.metrics_stale_s))
+            cap_share(obs.hard_cap, _demand(obs), obs.peers, self.config.metrics_stale_s))
         lo = min(self.config.limit_min, hi)
 
         if self._limit > hi:
@@ -206,7 +206,7 @@ class Aimd:
         other replicas' shares."""
         if self._blocked_by is not None:
             return self._limit  # inside a signal's hysteresis band: no increase at all
-        if over_fair_share(self._limit, obs.inflight + obs.queue_depth, obs.peers, self.config.metrics_stale_s):
+        if over_fair_share(self._limit, _demand(obs), obs.peers, self.config.metrics_stale_s):
             return self._limit  # a step up would take room from a replica under its share
         ceiling = self._ceiling.at(obs.now)
         top = hi if ceiling is None else max(min(hi, ceiling), self.config.limit_min)
@@ -311,7 +311,7 @@ class Aimd:
         numbers are known (``share.fair_share``), else on a full backend that runs clearly more of ours
         than of everyone else's (``capacity.over_share``)."""
         step = probe_step(self.config, self._limit)
-        share = fair_share(self._limit, obs.inflight + obs.queue_depth, obs.peers, self.config.metrics_stale_s)
+        share = fair_share(self._limit, _demand(obs), obs.peers, self.config.metrics_stale_s)
         known = obs.peers is not None and obs.peers.age_s <= self.config.metrics_stale_s
         over = share is not None and share < self._limit if known else over_share(
             obs, self.config, room_to_grow=room_to_grow)
@@ -323,33 +323,15 @@ class Aimd:
         return self._change(obs, self._limit - step, Reason.FAIR_SHARE)
 
     def _share(self, obs: Observation, lo: int, hi: int, bottleneck: bool) -> Decision | None:
-        """Move to this replica's demand-weighted share of all replicas' limits (``share.fair_share``),
-        at most once a window. Up at once, and out of a step down that was exploring below it: a share
-        is room the others leave, not a point on this replica's curve. Down only when the backend is
-        full, where the slots given are the ones the others take (with room left, giving slots away
-        would only follow another replica's exploratory step down; over its share, a replica with room
-        yields a step at its next re-probe instead, see ``_yield``), or when this replica does not use
-        its limit (slots it holds unused are slots another replica's clients queue for)."""
+        """Move to this replica's demand-weighted share of all replicas' limits, at most once a window
+        (``share.share_move`` says when and where; over its share with room, ``_yield`` steps instead)."""
         if self._shared_at is not None and obs.now - self._shared_at < self.config.window_s:
             return None
-        target = fair_share(self._limit, obs.inflight + obs.queue_depth, obs.peers, self.config.metrics_stale_s)
-        if target is None:
-            return None
-        # Not held under this replica's ceiling: a step up to a share moves slots between replicas
-        # and leaves the backend's total where it was; the ceiling is about the total.
-        target = min(max(target, lo), hi)
         probe = self._probe
-        room = kv_room(obs, self.config)
-        if target > self._limit:
-            if not bottleneck:
-                return None  # idle never moves the limit up
-            if probe is not None and probe.direction > 0:
-                return None  # a step up under way: judged first
-            if room is not None:
-                target = min(target, self._limit + max(room, 0))  # what the others left, not more
-        elif bottleneck and (probe is not None or (room is not None and room > 0)):
-            return None
-        if target == self._limit:
+        target = share_move(self._limit, _demand(obs), obs.peers, self.config.metrics_stale_s, lo=lo, hi=hi,
+                            bottleneck=bottleneck, probing_up=probe is not None and probe.direction > 0,
+                            exploring=probe is not None, room=kv_room(obs, self.config))
+        if target is None:
             return None
         self._probe = None
         self._shared_at = obs.now
@@ -449,3 +431,8 @@ class Aimd:
             "reading_pending": self._readings.pending is not None,
             "signals": self._detector.state(),
         }
+
+
+def _demand(obs: Observation) -> int:
+    """This replica's demand on the backend, as the replicas publish it to each other: in flight plus queued."""
+    return obs.inflight + obs.queue_depth

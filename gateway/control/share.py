@@ -96,3 +96,32 @@ def cap_share(hard_cap: int, demand: float, peers: Peers | None, stale_s: float)
     if total <= 0:
         return hard_cap
     return max(1, int(hard_cap * demand / total))
+
+
+def share_move(limit: int, demand: float, peers: Peers | None, stale_s: float, *, lo: int, hi: int,
+               bottleneck: bool, probing_up: bool, exploring: bool, room: int | None) -> int | None:
+    """The limit this replica moves to for its demand-weighted share now, or None to leave it be.
+
+    Up at once, and out of a step down that was exploring below it: a share is room the others leave,
+    not a point on this replica's curve. Down only when the backend is full, where the slots given are
+    the ones the others take (with room left, giving slots away would only follow another replica's
+    exploratory step down; over its share, a replica with room yields a step at its next re-probe
+    instead), or when this replica does not use its limit (slots it holds unused are slots another
+    replica's clients queue for). ``room``: the KV cache's room for more requests (None: unknown);
+    ``probing_up``/``exploring``: a step up, or any probe, is under way."""
+    target = fair_share(limit, demand, peers, stale_s)
+    if target is None:
+        return None
+    # Not held under this replica's ceiling: a step up to a share moves slots between replicas
+    # and leaves the backend's total where it was; the ceiling is about the total.
+    target = min(max(target, lo), hi)
+    if target > limit:
+        if not bottleneck:
+            return None  # idle never moves the limit up
+        if probing_up:
+            return None  # a step up under way: judged first
+        if room is not None:
+            target = min(target, limit + max(room, 0))  # what the others left, not more
+    elif bottleneck and (exploring or (room is not None and room > 0)):
+        return None
+    return None if target == limit else target
