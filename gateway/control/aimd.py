@@ -194,6 +194,15 @@ class Aimd:
             self._ssthresh = None
             self._set_ceiling(now, congested_at - 1)
             self._curve.forget_above(congested_at - 1)
+            in_use_cut = int(congested_at * signal.factor)
+            if not bottleneck and new < in_use_cut:
+                # The limit was not in use, so the cut went to what was in flight (a few requests while
+                # the backend was full of others', or demand just starting): it says the backend was full
+                # then, not where this gateway's knee is. Once the signal clears and demand is back, the
+                # limit doubles back towards the cut it would have had in use, as after failures,
+                # instead of climbing a slot per reading from where the moment left it.
+                self._phase = Phase.SLOW_START
+                self._ssthresh = in_use_cut
         return self._change(obs, new, signal.reason, Action.DECREASE)
 
     def _set_ceiling(self, now: float, ceiling: int) -> None:

@@ -85,6 +85,42 @@ def test_an_idle_gateway_ignores_a_backend_busy_with_others() -> None:
     assert {d.reason for d in decisions} == {Reason.NO_DEMAND}
 
 
+# The tests' fast ticks (tests/support/closed_loop.py's FAST_CONTROL) with the vLLM comparison's re-probe period.
+FAST_TICKS = AimdConfig(control_interval_s=0.5, settle_s=1.0, measure_s=2.0, window_s=5.0, reprobe_s=30.0)
+
+
+def test_a_cut_while_the_backend_was_full_of_others_load_is_undone_once_demand_is_back() -> None:
+    """The gateway holds the hard cap (11) under demand; its clients leave, one request of theirs lingers while
+    another gateway fills the backend's KV cache, and the KV signal cuts the unused limit to what is in flight
+    (1). When its clients return to an empty backend the limit doubles back to the cut it would have had in
+    use within seconds; climbing a slot per reading from 1 took over 40 s (the vLLM comparison's runs are 14)."""
+    drive = Drive(Aimd(FAST_TICKS, initial_limit=8), rate=lambda n: 25.0 * min(n, 11), clients=33)
+    drive.run(60, interval=0.5, hard_cap=11)
+    assert drive.aimd.limit == 11
+    drive.clients = 1
+    others = drive.run(3, interval=0.5, hard_cap=11, kv_usage=0.99, kv_usage_age_s=0.2, backend_running=13,
+                       backend_running_age_s=0.2, queue_depth=0)
+    cut = [d for d in others if d.action is Action.DECREASE]
+    assert cut and cut[0].reason is Reason.KV_USAGE and drive.aimd.limit == 1
+    drive.clients = 33
+    back = drive.run(4, interval=0.5, hard_cap=11)
+    assert drive.aimd.limit == int(11 * CONFIG.kv_usage_resume / 0.99), [(d.limit, d.reason.value) for d in back]
+    assert drive.aimd.limit < 11  # the congested limit is not retried at once: its ceiling stands
+
+
+def test_a_cut_of_a_limit_in_use_is_not_undone() -> None:
+    """The same KV signal with the limit in use: the cut is where the backend fits this gateway's load, and the
+    limit stays there (re-probes, not doubling, test the room above)."""
+    drive = Drive(Aimd(FAST_TICKS, initial_limit=8), rate=lambda n: 25.0 * min(n, 11), clients=33)
+    drive.run(60, interval=0.5, hard_cap=11)
+    drive.run(1, interval=0.5, hard_cap=11, kv_usage=0.99, kv_usage_age_s=0.2, backend_running=11,
+              backend_running_age_s=0.2)
+    cut_to = drive.aimd.limit
+    assert cut_to == int(11 * CONFIG.kv_usage_resume / 0.99)
+    drive.run(4, interval=0.5, hard_cap=11)
+    assert drive.aimd.limit == cut_to
+
+
 def test_failures_halve_the_limit_and_recovery_doubles_back_once_clean() -> None:
     drive = Drive(Aimd(CONFIG, initial_limit=8))
     drive.run(200)
