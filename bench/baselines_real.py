@@ -32,7 +32,7 @@ each gateway held is read from its state view every 0.5 s while measured.
 
     .venv/bin/python -m bench.baselines_real --json docs/baselines-real.json --docs docs/controller.md
 
-It is a benchmark, not a test: on a shared 2-core machine a run takes about 8 minutes (vLLM's start-up
+It is a benchmark, not a test: on a shared 2-core machine a run takes about 10 minutes (vLLM's start-up
 included), and single runs swing by tens of percent, which is why only paired ratios are compared.
 """
 

@@ -39,6 +39,7 @@ class Counting:
         self.tokens = 0
         self.max_inflight_at_start = 0
         self.max_inflight_after = 0
+        self.outcomes: dict[str, int] = {}
 
     @property
     def limit(self) -> int:
@@ -51,6 +52,7 @@ class Counting:
     def on_request(self, now: float, sample: RequestSample, inflight_at_start: int, inflight: int) -> int:
         self.ended += 1
         self.ok += sample.outcome is Outcome.OK
+        self.outcomes[sample.outcome.value] = self.outcomes.get(sample.outcome.value, 0) + 1
         self.tokens += sample.output_tokens
         self.max_inflight_at_start = max(self.max_inflight_at_start, inflight_at_start)
         self.max_inflight_after = max(self.max_inflight_after, inflight)
@@ -59,4 +61,4 @@ class Counting:
     def state(self) -> dict[str, Any]:
         return {"algorithm": "counting", "ticks": self.ticks, "ended": self.ended, "ok": self.ok,
                 "tokens": self.tokens, "max_inflight_at_start": self.max_inflight_at_start,
-                "max_inflight_after": self.max_inflight_after}
+                "max_inflight_after": self.max_inflight_after, "outcomes": self.outcomes}
