@@ -294,6 +294,14 @@ class Settings(BaseSettings, ControllerKnobs):
     # --- controller (AIMD) -----------------------------------------------------------------------
     control_enabled: bool = Field(True, description="Move the limit with the AIMD controller; off = static limit.")
     control_interval_s: float = Field(2.0, gt=0, description="Controller tick period.")
+    algorithm: str | None = Field(
+        None,
+        description="Another limit algorithm in the AIMD controller's place: `module:factory`, a callable taking no "
+        "arguments that returns a gateway.control.algorithm.LimitAlgorithm (one per upstream), imported at start-up "
+        "as uvicorn imports an app. It starts at its own limit and is ticked every control_interval_s; the "
+        "limiter, the hard cap (given to it in each observation) and limit_min/limit_max stay the gateway's. "
+        "Unset: the built-in controller. For comparing schemes (bench/baselines_real.py) or running your own.",
+    )
     gpus: Annotated[list[int], NoDecode] = Field(
         default_factory=list,
         description="NVML indices of the GPUs whose headroom counts, e.g. 0,1. Empty: every GPU NVML sees.",
@@ -309,6 +317,25 @@ class Settings(BaseSettings, ControllerKnobs):
     @classmethod
     def _strip_slash(cls, value: list[str]) -> list[str]:
         return [url.rstrip("/") for url in value]
+
+    @field_validator("algorithm")
+    @classmethod
+    def _algorithm_form(cls, value: str | None) -> str | None:
+        """The form only; whether it imports is checked when the server starts (gateway.server.algorithm_path)."""
+        if value is None:
+            return None
+        module, sep, attribute = value.strip().partition(":")
+        if not sep or not module or not attribute or ":" in attribute or not all(
+                part.isidentifier() for part in (*module.split("."), *attribute.split("."))):
+            raise ValueError(f"{value!r} is not of the form 'module:factory' (e.g. 'mypackage.limits:MyLimit')")
+        return value.strip()
+
+    @model_validator(mode="after")
+    def _check_algorithm_runs(self) -> Settings:
+        if self.algorithm is not None and not self.control_enabled:
+            raise ValueError(f"algorithm {self.algorithm!r} needs the control loop, which control_enabled=false "
+                             "turns off (a static limit)")
+        return self
 
     @model_validator(mode="after")
     def _check_tenants(self) -> Settings:

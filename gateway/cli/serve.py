@@ -23,6 +23,8 @@ def serve(
     queue_timeout_s: Annotated[Optional[float], typer.Option(help="Queue wait before 503.")] = None,
     routing: Annotated[Optional[str], typer.Option(help="prefix, least_loaded or random (several upstreams).")] = None,
     control: Annotated[Optional[bool], typer.Option("--control/--no-control", help="AIMD controller on/off.")] = None,
+    algorithm: Annotated[Optional[str], typer.Option(
+        help="module:factory of another limit algorithm in the controller's place [env SWEETSPOT_ALGORITHM].")] = None,
     sweep_result: Annotated[Optional[Path], typer.Option(help="`sweetspot sweep` JSON: start at its sweet spot.")] = None,
     log_level: Annotated[Optional[str], typer.Option(help="debug, info, warning or error.")] = None,
 ) -> None:
@@ -43,6 +45,7 @@ def serve(
         max_queue=max_queue,
         queue_timeout_s=queue_timeout_s,
         control_enabled=control,
+        algorithm=algorithm,
         routing=routing,
         sweep_result=sweep_result,
         log_level=log_level,

@@ -23,14 +23,23 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from gateway.control.window import RequestSample
 from gateway.server.fair_queue import Discipline, FairQueue
 from gateway.server.reserve import Reserve
 from gateway.server.tenants import Tenant
 
 
+# Told of each request that ended on a limiter, after its permit was returned and before anyone queued takes
+# it: (its sample, the in-flight count just after it was admitted, the in-flight count now).
+EndListener = Callable[[RequestSample, int, int], None]
+
+
 class Limiter:
     """In-flight permits for one upstream. The limit may change at any time; lowering it below the
-    current in-flight count never cancels running requests, it only stops new admissions."""
+    current in-flight count never cancels running requests, it only stops new admissions.
+
+    ``on_end``, when set, hears of every request that ends, in time to change the limit before the freed
+    permit is handed on (an algorithm that learns per request, ``gateway.server.control_loop``)."""
 
     def __init__(self, name: str, limit: int) -> None:
         if limit < 1:
@@ -39,6 +48,7 @@ class Limiter:
         self.limit = limit
         self.inflight = 0
         self._peak = 0
+        self.on_end: EndListener | None = None
 
     @property
     def free(self) -> int:
@@ -138,6 +148,7 @@ class Permit(Generic[T]):
     target: T
     admitted: float
     tenant: Tenant
+    inflight_at_grant: int = 0  # the limiter's in-flight count just after this permit was granted
     released: bool = False
 
     @property
@@ -251,10 +262,11 @@ class AdmissionQueue(Generic[T]):
         return tenant.may_run() and any(self._room(target, tenant) for target in self.targets.values())
 
     def _grant(self, target: T, tenant: Tenant) -> Permit[T]:
-        target.limiter.acquire()
+        limiter = target.limiter
+        limiter.acquire()
         self.reserve.join(tenant)
         tenant.inflight += 1
-        return Permit(target, self._clock(), tenant)
+        return Permit(target, self._clock(), tenant, limiter.inflight)
 
     # --- acquiring -------------------------------------------------------------------------------
     async def acquire(
@@ -333,12 +345,16 @@ class AdmissionQueue(Generic[T]):
             waiter.future.set_exception(error())
         self._queue.clear()
 
-    def release(self, permit: Permit[T]) -> None:
-        """Return a permit (idempotent) and admit whoever can now run."""
+    def release(self, permit: Permit[T], sample: RequestSample | None = None) -> None:
+        """Return a permit (idempotent) and admit whoever can now run. ``sample``: the request that held it,
+        as it ended upstream, for the limiter's ``on_end`` (None: it never reached the upstream)."""
         if permit.released:
             return
         permit.released = True
-        permit.limiter.release()
+        limiter = permit.limiter
+        limiter.release()
+        if sample is not None and limiter.on_end is not None:
+            limiter.on_end(sample, permit.inflight_at_grant, limiter.inflight)
         now = self._clock()
         permit.tenant.released(now)
         self.reserve.settle(permit.tenant)

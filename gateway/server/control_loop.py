@@ -9,7 +9,13 @@ Three loops feed and drive the pure controllers in ``gateway.control``:
   -> ``UpstreamControl.tick`` -> the new limit on the limiter, the queue re-dispatched, the decision
   counted in Prometheus and, when the limit moved, one structured log line.
 
-None of this is on the request path; a failure in one loop is logged and the loop goes on.
+None of this is on the request path, with one exception: an algorithm that is also a ``RequestObserver``
+(``settings.algorithm`` names one; the built-in controller is not) hears of each request as it ends, through
+the limiter's ``on_end``, and the limit it answers is applied before the freed permit is handed on, as the
+scenario harness applies it. A failure in one loop, or in that hook, is logged and the gateway goes on.
+
+Whatever the algorithm, the limit it asks for is held within ``limit_min`` and ``limit_max`` (the limiter
+holds no limit under 1), and the hard cap is computed and given to it in every observation.
 """
 
 from __future__ import annotations
@@ -17,15 +23,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import Gauge
 
-from gateway.control.algorithm import Decision
+from gateway.control.algorithm import Decision, LimitAlgorithm, RequestObserver
 from gateway.control.config import AimdConfig
 from gateway.control.observation import GpuHeadroom, Headroom, LimiterState
 from gateway.control.controller import UpstreamControl
 from gateway.control.share import Peers
+from gateway.control.window import RequestSample
+from gateway.server.algorithm_path import load_factory
 from gateway.server.parts import Gateway
 from gateway.server.share_board import ShareBoard
 from gateway.server.start_points import load_start_points
@@ -58,6 +67,7 @@ class ControlLoop:
         loop = cls(gateway, gpu_source or NvmlSource(settings.gpus))
         starts = load_start_points(settings.sweep_result, [upstream.name for upstream in gateway.pool])
         config = AimdConfig.from_settings(settings)
+        factory = load_factory(settings.algorithm) if settings.algorithm and settings.control_enabled else None
         for objective, value in (("ttft_p99", settings.ttft_p99_slo_s), ("tpot_p99", settings.tpot_p99_slo_s)):
             _set_or_absent(gateway.metrics.objective, objective, value)
         for upstream in gateway.pool:
@@ -67,19 +77,46 @@ class ControlLoop:
             for reason in RETRY_REASONS:
                 gateway.metrics.upstream_retries.labels(upstream.name, reason)
             gateway.metrics.backend_scrape_errors.labels(upstream.name)
-            initial = start.limit if start is not None else settings.initial_limit
-            initial = max(settings.limit_min, min(initial, settings.limit_max))
+            algorithm: LimitAlgorithm | None = factory() if factory is not None else None
+            if algorithm is not None:
+                initial = algorithm.limit  # another algorithm starts where it says
+            else:
+                initial = start.limit if start is not None else settings.initial_limit
+            initial = loop.bounded(initial)
             upstream.limiter.set_limit(initial)
             if start is not None:
                 gateway.metrics.sweet_spot.labels(upstream.name).set(start.limit)
                 if start.peak_tokens_per_s:
                     gateway.metrics.sweep_peak_tokens_per_s.labels(upstream.name).set(start.peak_tokens_per_s)
             if settings.control_enabled:
-                control = UpstreamControl(upstream.name, config, initial_limit=initial, start=start)
+                control = UpstreamControl(upstream.name, config, initial_limit=initial, start=start, algorithm=algorithm)
                 loop.controls[upstream.name] = control
+                if isinstance(control.algorithm, RequestObserver):
+                    upstream.limiter.on_end = loop.request_listener(upstream, control.algorithm)
         if settings.share_redis_url and loop.controls:
             loop.board = ShareBoard(settings.share_redis_url, settings.share_ttl_s)
         return loop
+
+    def bounded(self, limit: int) -> int:
+        """``limit`` within the gateway's ``limit_min`` and ``limit_max``."""
+        settings = self.gateway.settings
+        return max(settings.limit_min, min(limit, settings.limit_max))
+
+    def request_listener(self, upstream: Upstream, algorithm: RequestObserver) -> Callable[[RequestSample, int, int], None]:
+        """The limiter's ``on_end`` for an algorithm that learns from each request as it ends."""
+        limiter, clock = upstream.limiter, self.gateway.clock
+
+        def ended(sample: RequestSample, inflight_at_start: int, inflight: int) -> None:
+            try:
+                limit = self.bounded(algorithm.on_request(clock(), sample, inflight_at_start, inflight))
+            except Exception:
+                log.exception("the algorithm of %s failed on a request's end; its limit stays %d",
+                              upstream.name, limiter.limit)
+                return
+            if limit != limiter.limit:
+                limiter.set_limit(limit)  # the queue is dispatched next, by the release that called this
+
+        return ended
 
     def start(self) -> None:
         """Create the scrapers; needs the running event loop (they share the upstream session)."""
@@ -157,8 +194,9 @@ class ControlLoop:
                              queue_depth=gateway.queue.depth_for(upstream.name))
         cap = hard_cap(snapshot, upstream, gateway.settings.kv_capacity_tokens, gateway.settings.backend_max_seqs, now)
         decision = control.tick(now, upstream.window, state, self.headroom(snapshot), hard_cap=cap, peers=peers)
-        if decision.limit != limiter.limit:
-            limiter.set_limit(decision.limit)
+        limit = self.bounded(decision.limit)
+        if limit != limiter.limit:
+            limiter.set_limit(limit)
             gateway.queue.dispatch()
         metrics = gateway.metrics
         metrics.decisions.labels(upstream.name, decision.action.value, decision.reason.value).inc()

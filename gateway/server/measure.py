@@ -84,16 +84,18 @@ class RequestTracker:
         if isinstance(output, int):
             self.output_tokens = output
 
-    def failed_attempt(self, metrics: GatewayMetrics) -> None:
+    def failed_attempt(self, metrics: GatewayMetrics) -> RequestSample:
         """The current upstream failed before answering and the request moves on to another one:
-        its window still learns of the error, the request itself is not finished."""
+        its window still learns of the error, the request itself is not finished. Returns that sample."""
         assert self.upstream is not None and self.admitted is not None
         now = self.clock()
-        self.upstream.window.add(RequestSample(
+        sample = RequestSample(
             arrived=self.arrived, admitted=self.admitted, finished=now, first_token=None,
             prompt_tokens=0, output_tokens=0, outcome=Outcome.UPSTREAM_ERROR, streamed=self.streamed,
-        ))
+        )
+        self.upstream.window.add(sample)
         metrics.child(metrics.upstream_requests, self.upstream.name, Outcome.UPSTREAM_ERROR.value, self.model).inc()
+        return sample
 
     def finish(self, outcome: Outcome, metrics: GatewayMetrics) -> RequestSample | None:
         """Record the request once (later calls are no-ops). Returns the sample it recorded."""

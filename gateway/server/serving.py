@@ -42,6 +42,10 @@ def run(config: Path | None = None, **flags: Any) -> None:
     """Build the gateway from settings (flags, env, TOML) and serve it until SIGINT/SIGTERM; with
     ``workers`` > 1, in that many worker processes on one port (:mod:`gateway.server.workers`)."""
     settings = load_settings(config, **flags)
+    if settings.algorithm is not None:
+        from gateway.server.algorithm_path import load_factory
+
+        load_factory(settings.algorithm)()  # a bad path ends here, before any worker starts
     if settings.workers == 1:
         _serve_gateway(settings)
         return

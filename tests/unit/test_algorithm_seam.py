@@ -1,0 +1,216 @@
+"""The ``algorithm`` setting: another limit algorithm in the controller's place, named by an import path.
+
+What it must hold to: a bad path is one clear error before the gateway starts; the algorithm's limit reaches
+the limiter within the gateway's bounds; and an algorithm that learns per request (the threshold gate) hears
+of each request as it ends *before* its permit is handed on, so a shut gate stays shut, as its docstring
+requires. The control loop runs against a real HTTP server publishing vLLM's metrics on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from pydantic import ValidationError
+
+from gateway.control.window import Outcome, RequestSample
+from gateway.server.admission import AdmissionQueue, Limiter
+from gateway.server.algorithm_path import load_factory
+from gateway.server.control_loop import ControlLoop
+from gateway.server.parts import Gateway
+from gateway.settings import Settings
+from tests.support.baselines.threshold import ThresholdGate
+from tests.support.loopback import serving
+
+THRESHOLD = "tests.support.baselines.threshold:ThresholdGate"
+
+
+# --- the setting --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["tests.support.baselines.threshold", "a:b:c", ":ThresholdGate", "a b:c", "m:"])
+def test_a_path_not_of_the_form_module_factory_is_refused(value: str) -> None:
+    with pytest.raises(ValidationError, match="module:factory"):
+        Settings(algorithm=value)
+
+
+def test_the_path_comes_from_the_environment_like_every_knob(monkeypatch) -> None:
+    monkeypatch.setenv("SWEETSPOT_ALGORITHM", THRESHOLD)
+    assert Settings().algorithm == THRESHOLD
+
+
+def test_an_algorithm_without_the_control_loop_is_refused() -> None:
+    with pytest.raises(ValidationError, match="needs the control loop"):
+        Settings(algorithm=THRESHOLD, control_enabled=False)
+
+
+@pytest.mark.parametrize(("path", "why"), [
+    ("tests.support.no_such_module:Thing", "cannot import 'tests.support.no_such_module'"),
+    ("tests.support.baselines.threshold:NoSuchGate", "has no attribute 'NoSuchGate'"),
+    ("tests.support.baselines.threshold:QUEUE_DEPTH_THRESHOLD", "is a int, not a factory"),
+])
+def test_an_unusable_path_says_what_is_wrong_when_imported(path: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        load_factory(path)
+
+
+@pytest.mark.parametrize(("path", "why"), [
+    ("tests.support.baselines.static:StaticLimit", "calling it with no arguments failed"),
+    ("collections:OrderedDict", "not a limit algorithm"),
+])
+def test_a_factory_that_builds_no_algorithm_says_so_when_called(path: str, why: str) -> None:
+    factory = load_factory(path)
+    with pytest.raises(ValueError, match=why):
+        factory()
+
+
+def test_a_good_path_builds_a_fresh_algorithm_per_call() -> None:
+    factory = load_factory(THRESHOLD)
+    first, second = factory(), factory()
+    assert isinstance(first, ThresholdGate) and isinstance(second, ThresholdGate) and first is not second
+
+
+# --- a request's end reaches the limiter before its permit is handed on --------------------------------
+def ended(at: float = 1.0) -> RequestSample:
+    return RequestSample(arrived=0.0, admitted=0.0, finished=at, first_token=0.5, prompt_tokens=8,
+                         output_tokens=8, outcome=Outcome.OK)
+
+
+class _Target:
+    def __init__(self, limit: int) -> None:
+        self.name, self.limiter, self.healthy = "a", Limiter("a", limit), True
+
+
+async def test_the_end_listener_runs_between_the_release_and_the_dispatch() -> None:
+    target = _Target(limit=2)
+    queue = AdmissionQueue([target], max_queue=10, clock=lambda: 0.0)
+    first = await queue.acquire(timeout_s=1)
+    second = await queue.acquire(timeout_s=1)
+    heard: list[tuple[int, int]] = []
+
+    def shut(sample: RequestSample, inflight_at_start: int, inflight: int) -> None:
+        heard.append((inflight_at_start, inflight))
+        target.limiter.set_limit(max(inflight, 1))
+
+    target.limiter.on_end = shut
+    waiting = asyncio.create_task(queue.acquire(timeout_s=5))
+    await asyncio.sleep(0)
+    queue.release(second, ended())
+    await asyncio.sleep(0)
+    assert heard == [(2, 1)]  # admitted second (2 in flight), 1 left now
+    assert not waiting.done() and queue.depth == 1  # the slot went with the ending request
+    queue.release(first)  # no sample: it never reached the upstream, and nobody is told
+    assert heard == [(2, 1)]
+    await asyncio.wait_for(waiting, 1)
+    queue.release(waiting.result())
+
+
+# --- the control loop with the threshold gate, against a server publishing vLLM's metrics ----------------
+class Backend:
+    """vLLM's gauges as the gate reads them; set between scrapes."""
+
+    def __init__(self) -> None:
+        self.kv_usage, self.waiting = 0.1, 0
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        text = (f"vllm:num_requests_running 1\nvllm:num_requests_waiting {self.waiting}\n"
+                f"vllm:kv_cache_usage_perc {self.kv_usage}\n")
+        return web.Response(text=text, content_type="text/plain")
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[tuple[Backend, str]]:
+    state = Backend()
+    app = web.Application()
+    app.router.add_get("/metrics", state.metrics)
+    async with serving(app) as url:
+        yield state, url
+
+
+async def test_the_threshold_gate_drives_the_limiter_as_its_docstring_says(backend) -> None:
+    state, url = backend
+    settings = Settings(upstreams=[url], algorithm=THRESHOLD, backend="vllm", control_interval_s=0.05,
+                        metrics_interval_s=0.05, limit_max=64)
+    gateway = Gateway.build(settings)
+    loop = ControlLoop.build(gateway)
+    upstream = gateway.pool.by_name[url]
+    limiter, queue = upstream.limiter, gateway.queue
+    control = loop.controls[url]
+    assert isinstance(control.algorithm, ThresholdGate)
+    assert limiter.limit == 1  # the gate starts shut at 0; the limiter holds no limit under limit_min
+    assert limiter.on_end is not None
+    loop.start()
+    try:
+        await loop.scrape()
+        held = [await queue.acquire(timeout_s=1)]
+        waiters = [asyncio.create_task(queue.acquire(timeout_s=5)) for _ in range(5)]
+        await asyncio.sleep(0)
+        assert queue.depth == 5
+        # A fresh reading under the thresholds opens the gate: everyone waiting goes through.
+        await loop.control()
+        assert control.algorithm.open and limiter.limit == 6
+        await asyncio.sleep(0)
+        assert queue.depth == 0 and limiter.inflight == 6
+        held += await asyncio.wait_for(asyncio.gather(*waiters), 1)
+        # KV usage at 0.8 shuts it: nobody new, and a request that ends takes its slot with it.
+        state.kv_usage = 0.85
+        await loop.scrape()
+        await loop.control()
+        assert not control.algorithm.open and limiter.limit == 6
+        late = asyncio.create_task(queue.acquire(timeout_s=5))
+        await asyncio.sleep(0)
+        queue.release(held.pop(), ended())
+        await asyncio.sleep(0)
+        assert limiter.limit == 5 and limiter.inflight == 5 and not late.done()
+        # The backend's own queue at 5 keeps it shut with KV usage low again.
+        state.kv_usage, state.waiting = 0.1, 5
+        await loop.scrape()
+        await loop.control()
+        assert not control.algorithm.open and not late.done()
+        # Both under their thresholds: open, and the late arrival goes through.
+        state.waiting = 4
+        await loop.scrape()
+        await loop.control()
+        assert control.algorithm.open
+        held.append(await asyncio.wait_for(late, 1))
+        for permit in held:
+            queue.release(permit, ended())
+        assert limiter.inflight == 0
+    finally:
+        await gateway.client.close()
+
+
+async def test_stale_metrics_shut_the_gate(backend) -> None:
+    """GIE counts a pod whose metrics are older than 200 ms as saturated: a scrape that stopped is a shut gate."""
+    _, url = backend
+    now = [100.0]
+    settings = Settings(upstreams=[url], algorithm=THRESHOLD, backend="vllm", control_interval_s=0.05,
+                        metrics_interval_s=0.05)
+    gateway = Gateway.build(settings, clock=lambda: now[0])
+    loop = ControlLoop.build(gateway)
+    control = loop.controls[url]
+    loop.start()
+    try:
+        await loop.scrape()
+        await loop.control()
+        assert control.algorithm.state()["open"]
+        now[0] += 0.25
+        await loop.control()
+        assert not control.algorithm.state()["open"]
+    finally:
+        await gateway.client.close()
+
+
+async def test_the_limit_an_algorithm_asks_for_is_held_within_the_gateway_bounds(backend) -> None:
+    _, url = backend
+    settings = Settings(upstreams=[url], algorithm="tests.support.algorithms:Wild", limit_min=2, limit_max=10)
+    gateway = Gateway.build(settings)
+    loop = ControlLoop.build(gateway)
+    upstream = gateway.pool.by_name[url]
+    assert upstream.limiter.limit == 10  # it starts at 1000
+    control = loop.controls[url]
+    try:
+        decision = loop.tick_one(upstream, control, 1.0)
+        assert decision.limit == 0 and upstream.limiter.limit == 2
+    finally:
+        await gateway.client.close()
