@@ -1,6 +1,6 @@
 """The controller in the running gateway against a real vLLM whose KV budget preempts, beside static limits in
-the same run: what issues #16 (streams) and #24 (whole answers) ask of it, shared by
-``tests/integration/test_controller_vllm.py`` and ``bench/controller_vllm.py``.
+the same run: what issues #16 (streams) and #24 (whole answers) ask of it, for ``bench/controller_vllm.py``
+and ``bench/baselines_real.py``.
 
 vLLM runs the generated ``KNEE`` model with a KV budget set in blocks (``--num-gpu-blocks-override``). C is how
 many requests of the workload those blocks hold at once: vLLM gives a request whole blocks for its prompt and
