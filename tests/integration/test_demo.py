@@ -95,8 +95,11 @@ def test_quick_demo_runs_to_the_end_without_a_terminal(tmp_path: Path) -> None:
 def test_ctrl_c_stops_every_child_process(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     # one sweep level: the sweep's answer does not matter here, only that both children are running
+    # Ctrl-C as at a terminal: a suite started in the background by a non-interactive shell inherits SIGINT
+    # ignored, and a Python started with it ignored never turns it into KeyboardInterrupt.
     proc = subprocess.Popen([*DEMO, "--levels", "8", "--out", str(out)], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 180
         log = out / "gateway.log"
