@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import urllib.request
 from pathlib import Path
 
@@ -262,35 +261,6 @@ async def test_hundreds_of_streams_keep_their_connection_and_lose_nothing(config
     resent = metric_value(f"{gateway}/metrics", "sweetspot_upstream_retries_total",
                           {"upstream": url, "reason": "stale_connection"}) or 0.0
     assert resent == 0
-
-
-def test_client_hang_up_mid_stream_ends_vllms_request_and_frees_the_permit(config, gateway) -> None:
-    """The client closes its stream after the first token: within a second vLLM runs nothing, having made
-    far fewer tokens than were asked for (so it aborted the request rather than finished it), and the
-    gateway has released the permit and counted a client cancellation.
-
-    The answer asked for is as long as the context allows and the client hangs up at its first token, with
-    nothing in between: the small model decodes hundreds of tokens a second, so a hang-up that waited (or a
-    shorter answer) could find the whole answer already made and measure its end, not the abort."""
-    url = config.base_url
-    asked = 2000
-    wait_for(lambda: idle(url), 30, "vLLM idle before the test")
-    generated_before = vllm_metric(url, "vllm:generation_tokens_total")
-    cancelled_before = outcomes(gateway, url, "client_cancelled")
-    stream = sdk(gateway).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=asked, stream=True,
-                                             extra_body={"ignore_eos": True})
-    for chunk in stream:
-        if any(choice.text for choice in chunk.choices):
-            break
-    hung_up = time.monotonic()
-    stream.close()
-    wait_for(lambda: vllm_metric(url, "vllm:num_requests_running") == 0, 30, "vLLM ending the request")
-    ended_after = time.monotonic() - hung_up
-    generated = vllm_metric(url, "vllm:generation_tokens_total") - generated_before
-    assert generated < asked, f"vLLM made all {asked} tokens: the request ran to its end, nothing aborted it"
-    assert ended_after < 1.0, f"vLLM still ran the request {ended_after:.2f} s after the hang-up ({generated:g} tokens)"
-    wait_for(lambda: upstream_state(gateway, url)["inflight"] == 0, 5, "the gateway releasing the permit")
-    assert outcomes(gateway, url, "client_cancelled") == cancelled_before + 1
 
 
 # --- the hard cap from vLLM's own limits ----------------------------------------------------------------------------
