@@ -17,6 +17,8 @@ from gateway.telemetry.backends import BackendScraper
 from tests.support.gateway import start_sim
 from tests.support.llama import free_port
 
+OUTPUT_TOKENS = 400
+
 
 class FakeClock:
     def __init__(self) -> None:
@@ -38,8 +40,10 @@ async def test_detects_vllm_on_the_simulator_and_reads_its_numbers(processes) ->
         assert idle.kv_capacity_tokens == QWEN36_35B_A3B_32GB.kv_capacity_tokens
         assert idle.generation_tokens_total == 0.0
 
+        # long enough to be seen running by a scrape on a cold, busy machine (40 tokens at 5x real time once
+        # ended between two scrapes of a clean-clone run)
         async def one() -> None:
-            await client.completions.create(model=model, prompt="hello " * 50, max_tokens=40)
+            await client.completions.create(model=model, prompt="hello " * 50, max_tokens=OUTPUT_TOKENS)
 
         tasks = [asyncio.create_task(one()) for _ in range(6)]
         busy = idle
@@ -52,7 +56,7 @@ async def test_detects_vllm_on_the_simulator_and_reads_its_numbers(processes) ->
         assert busy.kv_usage is not None and busy.kv_usage > 0
         await asyncio.gather(*tasks)
         done = await scraper.scrape()
-        assert done.generation_tokens_total == 6 * 40
+        assert done.generation_tokens_total == 6 * OUTPUT_TOKENS
         assert done.itl_count is not None and done.itl_count > 0  # vllm:inter_token_latency_seconds
     await client.close()
 
