@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import urllib.request
 from pathlib import Path
 
@@ -261,6 +262,48 @@ async def test_hundreds_of_streams_keep_their_connection_and_lose_nothing(config
     resent = metric_value(f"{gateway}/metrics", "sweetspot_upstream_retries_total",
                           {"upstream": url, "reason": "stale_connection"}) or 0.0
     assert resent == 0
+
+
+#: Hang-ups tried before giving up on catching vLLM mid-answer (see the test below).
+HANG_UP_ATTEMPTS = 5
+
+
+def hang_up_at_first_token(gateway: str, url: str, asked: int) -> tuple[float, float]:
+    """One streamed completion of ``asked`` tokens, closed by its client at the first token: (tokens vLLM
+    made for it, seconds from the hang-up until vLLM ran nothing)."""
+    wait_for(lambda: idle(url), 30, "vLLM idle before the hang-up")
+    generated_before = vllm_metric(url, "vllm:generation_tokens_total")
+    stream = sdk(gateway).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=asked, stream=True,
+                                             extra_body={"ignore_eos": True})
+    for chunk in stream:
+        if any(choice.text for choice in chunk.choices):
+            break
+    hung_up = time.monotonic()
+    stream.close()
+    wait_for(lambda: vllm_metric(url, "vllm:num_requests_running") == 0, 30, "vLLM ending the request")
+    return vllm_metric(url, "vllm:generation_tokens_total") - generated_before, time.monotonic() - hung_up
+
+
+def test_client_hang_up_mid_stream_ends_vllms_request_and_frees_the_permit(config, gateway) -> None:
+    """The client closes its stream at the first token: within a second vLLM runs nothing, having made fewer
+    tokens than were asked for (it aborted the request), and the gateway has released the permit and counted
+    a client cancellation.
+
+    The small model decodes a thousand tokens a second, and vLLM's engine core runs in a process of its own:
+    on a busy machine it can finish all 2,000 tokens before the API server has passed the first one on, with
+    or without the gateway (docs/vllm.md). Such an attempt says nothing about the abort, so it is tried again,
+    up to :data:`HANG_UP_ATTEMPTS` times; the attempt that vLLM aborted must have ended within a second."""
+    url = config.base_url
+    asked = 2000
+    for tried in range(1, HANG_UP_ATTEMPTS + 1):
+        cancelled_before = outcomes(gateway, url, "client_cancelled")
+        generated, ended_after = hang_up_at_first_token(gateway, url, asked)
+        if generated < asked:
+            break
+    assert generated < asked, f"in {tried} tries vLLM made all {asked} tokens before the hang-up reached it"
+    assert ended_after < 1.0, f"vLLM still ran the request {ended_after:.2f} s after the hang-up ({generated:g} tokens)"
+    wait_for(lambda: upstream_state(gateway, url)["inflight"] == 0, 5, "the gateway releasing the permit")
+    assert outcomes(gateway, url, "client_cancelled") == cancelled_before + 1
 
 
 # --- the hard cap from vLLM's own limits ----------------------------------------------------------------------------
