@@ -10,6 +10,13 @@ a page of identical "hold: steady". Pure: no clock, no I/O, no HTTP library.
 Latency evidence restarts at every decrease: a request admitted before it ran at a limit that no
 longer exists, and counting its slow finish again would cut the limit twice for one overload (the
 cascade that otherwise takes a limit from the cliff to a fraction of the knee).
+
+Nor do the requests of a burst count. A step up admits its new slots' requests at once, and so does
+demand that arrives to find slots free (the first clients, the end of an idle spell): their prefills queue
+behind each other, and with long prompts the last of them waits seconds for its first token. That is the
+burst's doing, not the limit's; in steady state admissions are spread out. So requests admitted within
+``settle_s`` after an increase, or between a tick that had slots to spare and the next one that had
+none (and ``settle_s`` after it), are left out of the latency evidence.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ class UpstreamControl:
         self.last_stats: WindowStats | None = None
         self.ticks = 0
         self._evidence_since = float("-inf")
+        self._bursts: deque[tuple[float, float]] = deque()  # (from, until): admissions of a burst
+        self._spare_at: float | None = float("-inf")  # the last tick, if it had slots to spare
         self.accounting = TokenAccounting(config.metrics_stale_s)
 
     @property
@@ -78,7 +87,13 @@ class UpstreamControl:
         else:
             count = TokenCount(tokens_total, now)
         stats = window.stats(now)
-        fresh = [s for s in window.samples(now) if s.admitted >= self._evidence_since]
+        full = limiter.queue_depth > 0 or max(limiter.peak_inflight, limiter.inflight) >= limiter.limit
+        if full and self._spare_at is not None:
+            self._bursts.append((self._spare_at, now + self.config.settle_s))
+        self._spare_at = None if full else now
+        while self._bursts and self._bursts[0][1] < now - window.horizon_s:
+            self._bursts.popleft()
+        fresh = [s for s in window.samples(now) if s.admitted >= self._evidence_since and not self._in_burst(s.admitted)]
         observation = observe(
             now, stats, limiter, headroom, hard_cap=hard_cap, latency=Latency.of(fresh), count=count,
             peers=peers,
@@ -86,12 +101,17 @@ class UpstreamControl:
         decision = self.algorithm.step(observation)
         if decision.action is Action.DECREASE:
             self._evidence_since = now
+        elif decision.limit > decision.previous:
+            self._bursts.append((now, now + self.config.settle_s))
         self.last_stats = stats
         self.ticks += 1
         self.last = decision
         self.last_observation = observation
         self._remember(decision)
         return decision
+
+    def _in_burst(self, admitted: float) -> bool:
+        return any(start <= admitted < until for start, until in self._bursts)
 
     def _remember(self, decision: Decision) -> None:
         previous = self._log[-1] if self._log else None

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from gateway.control.algorithm import Action, Reason
+from gateway.control.algorithm import Action, Decision, Reason
 from gateway.control.config import AimdConfig, StartPoint
-from gateway.control.observation import GpuHeadroom, Headroom, Latency, LimiterState, observe
+from gateway.control.observation import GpuHeadroom, Headroom, Latency, LimiterState, Observation, observe
 from gateway.control.controller import UpstreamControl
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
 
@@ -59,6 +59,8 @@ def test_latency_evidence_restarts_at_each_decrease() -> None:
     config = AimdConfig(min_samples=3)
     control = UpstreamControl("u", config, initial_limit=20)
     window = SlidingWindow(30.0)
+    for now in range(2, 10, 2):  # busy from the start: only the first clients' burst is left out
+        control.tick(float(now), window, LimiterState(20, 20, 20, 10))
     for i in range(5):  # slow requests admitted under the old limit
         window.add(sample(10.0 + i, ttft=5.0, dur=8.0))
     state = LimiterState(20, 20, 20, 10)
@@ -110,3 +112,59 @@ def test_config_rejects_nonsense() -> None:
         AimdConfig(kv_usage_resume=0.99, kv_usage_high=0.9)
     with pytest.raises(ValueError):
         AimdConfig(limit_min=10, limit_max=5)
+
+
+class Scripted:
+    """A limit algorithm that sets the limits it is given, one per tick, and keeps what it was shown."""
+
+    def __init__(self, limits: list[int]) -> None:
+        self._limits = limits
+        self._limit = limits[0]
+        self.seen: list[Observation] = []
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    def step(self, observation: Observation) -> Decision:
+        self.seen.append(observation)
+        previous = self._limit
+        self._limit = self._limits[min(len(self.seen), len(self._limits) - 1)]
+        action = Action.INCREASE if self._limit > previous else Action.HOLD
+        return Decision(observation.now, self._limit, previous, action, Reason.PROBE, None)
+
+    def state(self) -> dict:
+        return {}
+
+
+def test_a_steps_burst_is_left_out_of_the_latency_evidence() -> None:
+    """The requests a step up admits at once prefill behind each other: their slow first tokens are the
+    step's doing, so only requests admitted once it settled are judged."""
+    config = AimdConfig(settle_s=2.0)
+    algorithm = Scripted([5, 5, 10])  # the second tick (t=4) raises the limit from 5 to 10
+    control = UpstreamControl("u", config, initial_limit=5, algorithm=algorithm)
+    window = SlidingWindow(30.0)
+    for now in (2.0, 4.0):
+        control.tick(now, window, LimiterState(algorithm.limit, 5, 5, 3))
+    for i in range(5):  # the step's burst, admitted right after it
+        window.add(sample(4.1 + 0.2 * i, ttft=3.0, dur=4.0))
+    control.tick(12.0, window, LimiterState(10, 10, 10, 3))
+    assert algorithm.seen[-1].latency_samples == 0 and algorithm.seen[-1].ttft_p99 is None
+    for i in range(5):  # admitted once the step settled, as slow: this limit's own latency
+        window.add(sample(7.0 + 0.2 * i, ttft=3.0, dur=4.0))
+    control.tick(14.0, window, LimiterState(10, 10, 10, 3))
+    assert algorithm.seen[-1].latency_samples == 5 and algorithm.seen[-1].ttft_p99 == pytest.approx(3.0)
+
+
+def test_demand_that_fills_spare_slots_at_once_is_a_burst_too() -> None:
+    """Clients arriving after an idle spell take every free slot at once: the same burst as a step's."""
+    algorithm = Scripted([8])
+    control = UpstreamControl("u", AimdConfig(settle_s=2.0), initial_limit=8, algorithm=algorithm)
+    window = SlidingWindow(30.0)
+    control.tick(2.0, window, LimiterState(8, 0, 0, 0))  # idle: slots to spare
+    control.tick(4.0, window, LimiterState(8, 8, 8, 5))  # the clients came since
+    for i in range(4):
+        window.add(sample(2.5 + 0.5 * i, ttft=3.0, dur=4.0))  # admitted in the burst (2 s to 6 s)
+    window.add(sample(7.0, ttft=0.5, dur=4.0))  # admitted in steady state
+    control.tick(12.0, window, LimiterState(8, 8, 8, 5))
+    assert algorithm.seen[-1].latency_samples == 1 and algorithm.seen[-1].ttft_p99 == 0.5
