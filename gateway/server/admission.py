@@ -312,7 +312,10 @@ class AdmissionQueue(Generic[T]):
         tenant.queued += 1
         self.dispatch()  # work-conserving: a free slot the waiters ahead could not take is this one's
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter.future), timeout_s)
+            # Not asyncio.wait_for: on Python 3.11 it returns the result when a cancellation and the permit
+            # arrive together, and a request whose client had just left went upstream with nobody to answer.
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(waiter.future)
         except BaseException as exc:
             self._abandon(waiter)
             if isinstance(exc, TimeoutError):

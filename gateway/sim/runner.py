@@ -140,7 +140,8 @@ class EngineRunner:
                 if stalled > now:
                     delay = self.to_wall(stalled - now)
                     try:
-                        await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                        async with asyncio.timeout(delay):
+                            await self._wake.wait()
                     except TimeoutError:
                         pass
                 else:  # nothing schedulable (e.g. the pool shrank under a lone sequence)

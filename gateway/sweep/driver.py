@@ -143,8 +143,9 @@ class _LevelRun:
 
     async def wait_change(self) -> None:
         try:
-            await asyncio.wait_for(self.changed.wait(), TICK_S)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(TICK_S):
+                await self.changed.wait()
+        except TimeoutError:
             pass
         self.changed.clear()
 

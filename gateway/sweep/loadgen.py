@@ -119,8 +119,9 @@ class _LoadGenerator:
     async def _pause(self, seconds: float) -> None:
         """Sleep, but wake up at once when the generator stops."""
         if seconds > 0:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), seconds)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await self._stopping.wait()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)

@@ -108,6 +108,22 @@ async def test_cancelled_waiter_never_gets_a_permit() -> None:
     assert queue.targets["a"].limiter.inflight == 0
 
 
+async def test_a_waiter_cancelled_as_its_permit_arrives_is_cancelled_and_gives_the_permit_back() -> None:
+    """Every client hangs up at once (the end of a load run): a request that held a permit ends, its permit
+    goes to a waiter whose client left in the same instant. The waiter must see its cancellation, not the
+    permit: a request whose client is gone must never reach the upstream (Python 3.11's ``asyncio.wait_for``
+    returns the result when both arrive together, and the request ran to its end with nobody listening)."""
+    queue = make(limit=1)
+    held = await queue.acquire(timeout_s=1)
+    waiter = asyncio.create_task(queue.acquire(timeout_s=5))
+    await asyncio.sleep(0)
+    queue.release(held)  # handed to the waiter at once
+    waiter.cancel()  # ... whose client went away in the same instant
+    [outcome] = await asyncio.gather(waiter, return_exceptions=True)
+    assert isinstance(outcome, asyncio.CancelledError)
+    assert queue.targets["a"].limiter.inflight == 0 and queue.depth == 0
+
+
 async def test_raising_the_limit_admits_waiters_on_dispatch() -> None:
     queue = make(limit=1)
     await queue.acquire(timeout_s=1)

@@ -213,7 +213,8 @@ class BackendScraper:
         while not stop.is_set():
             await self.scrape()
             try:
-                await asyncio.wait_for(stop.wait(), timeout=interval_s)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(interval_s):
+                    await stop.wait()
+            except TimeoutError:
                 pass
 
