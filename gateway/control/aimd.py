@@ -373,7 +373,15 @@ class Aimd:
         paid_off, judged_on = paid(self._curve, self.config, probe.base_limit, self._limit, rate)
         self._detail.update(judged_on)
         if probe.kind == Phase.SLOW_START:
-            return self._slow_start(obs, lo, hi) if paid_off else self._cruise(obs, lo, hi, probed=True)
+            if paid_off:
+                return self._slow_start(obs, lo, hi)
+            # A doubling that did not pay was judged on one short reading taken right after the step, while
+            # the new requests were still in their prefills. Where it brackets the knee, the knee is read
+            # at once; where it reads under the base, so that the knee may lie below everything measured,
+            # that short reading is the only evidence for stepping below the base, and settled readings
+            # at this limit come first (with long prompts it sent the limit down a quarter, then another).
+            found = self._curve.knee(self.config.knee_fraction)
+            return self._cruise(obs, lo, hi, probed=found is not None and found[1])
         return self._climb(obs, lo, hi) if paid_off else self._cruise(obs, lo, hi, probed=True)
 
     def _blocked(self, obs: Observation, reason: Reason) -> Decision:

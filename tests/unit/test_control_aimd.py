@@ -281,3 +281,44 @@ def test_bursts_shorter_than_a_probe_do_not_each_pay_for_one() -> None:
         drive.clients = 16
         attempts += below_cap(drive.run(12, hard_cap=4))
     assert 1 <= len(attempts) <= 5, [round(d.now) for d in attempts]  # one in every burst would be 20
+
+
+class PrefillDrive(Drive):
+    """A server whose throughput dips for a few seconds after each step up, as the new requests' long
+    prompts prefill and stall the batch: the first, short reading of a step up reads under its base."""
+
+    def __init__(self, aimd: Aimd, rate: Callable[[int], float], dip_s: float = 4.0, dip: float = 0.85) -> None:
+        super().__init__(aimd, rate)
+        self.dip_s, self.dip = dip_s, dip
+        self._raised_at, self._before = -1e9, 0
+
+    def run(self, seconds: float, interval: float = 2.0, **fields: object) -> list[Decision]:
+        out = []
+        for _ in range(round(seconds / interval)):
+            limit_before = self.aimd.limit
+            steady = self.rate
+
+            def rate(inflight: int) -> float:
+                if self.now - self._raised_at < self.dip_s:
+                    return self.dip * steady(self._before)
+                return steady(inflight)
+
+            self.rate = rate
+            try:
+                out += super().run(interval, interval, **fields)
+            finally:
+                self.rate = steady
+            if self.aimd.limit > limit_before:
+                self._raised_at, self._before = self.now, limit_before
+        return out
+
+
+def test_a_doubling_that_reads_under_its_base_right_after_the_step_is_read_again_before_stepping_below() -> None:
+    """Long prompts: right after a step up the new requests prefill, and the short first reading of the
+    doubling (8 -> 11, the hard cap) reads under 8's. That alone must not send the limit below the base
+    to look for a lower knee; readings at 11 once it settled show it pays."""
+    drive = PrefillDrive(Aimd(CONFIG, initial_limit=8), lambda n: 100.0 * min(n, 10))
+    decisions = drive.run(150, interval=0.5, hard_cap=11)
+    assert min(d.limit for d in decisions) >= 8
+    held = sorted(d.limit for d in decisions[40:])
+    assert held[len(held) // 2] == 11  # re-probes beside it come and go
