@@ -379,7 +379,7 @@ class Aimd:
             # the new requests were still in their prefills. Where it brackets the knee, the knee is read
             # at once; where it reads under the base, so that the knee may lie below everything measured,
             # that short reading is the only evidence for stepping below the base, and settled readings
-            # at this limit come first (with long prompts it sent the limit down a quarter, then another).
+            # at this limit come first.
             found = self._curve.knee(self.config.knee_fraction)
             return self._cruise(obs, lo, hi, probed=found is not None and found[1])
         return self._climb(obs, lo, hi) if paid_off else self._cruise(obs, lo, hi, probed=True)

@@ -93,7 +93,8 @@ class UpstreamControl:
         self._spare_at = None if full else now
         while self._bursts and self._bursts[0][1] < now - window.horizon_s:
             self._bursts.popleft()
-        fresh = [s for s in window.samples(now) if s.admitted >= self._evidence_since and not self._in_burst(s.admitted)]
+        fresh = [s for s in window.samples(now)
+                 if s.admitted >= self._evidence_since and not self._in_burst(s.admitted)]
         observation = observe(
             now, stats, limiter, headroom, hard_cap=hard_cap, latency=Latency.of(fresh), count=count,
             peers=peers,

@@ -313,7 +313,7 @@ class AdmissionQueue(Generic[T]):
         self.dispatch()  # work-conserving: a free slot the waiters ahead could not take is this one's
         try:
             # Not asyncio.wait_for: on Python 3.11 it returns the result when a cancellation and the permit
-            # arrive together, and a request whose client had just left went upstream with nobody to answer.
+            # arrive together, and a request whose client had just left would go upstream with nobody to answer.
             async with asyncio.timeout(timeout_s):
                 return await asyncio.shield(waiter.future)
         except BaseException as exc:
