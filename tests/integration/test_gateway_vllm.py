@@ -264,13 +264,13 @@ async def test_hundreds_of_streams_keep_their_connection_and_lose_nothing(config
     assert resent == 0
 
 
-#: Hang-ups tried before giving up on catching vLLM mid-answer (see the test below).
+#: Hang-ups tried before giving up on seeing vLLM abort one within a second (see the test below).
 HANG_UP_ATTEMPTS = 5
 
 
-def hang_up_at_first_token(gateway: str, url: str, asked: int) -> tuple[float, float]:
+def hang_up_at_first_token(gateway: str, url: str, asked: int) -> tuple[float, float, float]:
     """One streamed completion of ``asked`` tokens, closed by its client at the first token: (tokens vLLM
-    made for it, seconds from the hang-up until vLLM ran nothing)."""
+    made for it, seconds from the hang-up until the gateway held no permit, until vLLM ran nothing)."""
     wait_for(lambda: idle(url), 30, "vLLM idle before the hang-up")
     generated_before = vllm_metric(url, "vllm:generation_tokens_total")
     stream = sdk(gateway).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=asked, stream=True,
@@ -280,30 +280,40 @@ def hang_up_at_first_token(gateway: str, url: str, asked: int) -> tuple[float, f
             break
     hung_up = time.monotonic()
     stream.close()
+    wait_for(lambda: upstream_state(gateway, url)["inflight"] == 0, 5, "the gateway releasing the permit")
+    released_after = time.monotonic() - hung_up
     wait_for(lambda: vllm_metric(url, "vllm:num_requests_running") == 0, 30, "vLLM ending the request")
-    return vllm_metric(url, "vllm:generation_tokens_total") - generated_before, time.monotonic() - hung_up
+    ended_after = time.monotonic() - hung_up
+    return vllm_metric(url, "vllm:generation_tokens_total") - generated_before, released_after, ended_after
 
 
 def test_client_hang_up_mid_stream_ends_vllms_request_and_frees_the_permit(config, gateway) -> None:
-    """The client closes its stream at the first token: within a second vLLM runs nothing, having made fewer
-    tokens than were asked for (it aborted the request), and the gateway has released the permit and counted
-    a client cancellation.
+    """The client closes its stream at the first token: the gateway releases the permit and counts a client
+    cancellation within a second, every time, and vLLM aborts the request (it makes fewer tokens than were
+    asked for) and runs nothing within a second.
 
-    The small model decodes a thousand tokens a second, and vLLM's engine core runs in a process of its own:
-    on a busy machine it can finish all 2,000 tokens before the API server has passed the first one on, with
-    or without the gateway (docs/vllm.md). Such an attempt says nothing about the abort, so it is tried again,
-    up to :data:`HANG_UP_ATTEMPTS` times; the attempt that vLLM aborted must have ended within a second."""
+    Both of vLLM's parts depend on how busy the machine is, not on the gateway. The small model decodes a
+    thousand tokens a second in an engine-core process of its own, and on a busy machine it can finish all
+    2,000 tokens before the API server has passed the first one on, with or without the gateway; and the API
+    server, starved, can take seconds to act on a closed connection (docs/vllm.md). So the hang-up is tried
+    up to :data:`HANG_UP_ATTEMPTS` times, until vLLM aborts one within a second; an abort never seen (every
+    attempt running to its end) fails, as does a gateway slow to let go."""
     url = config.base_url
     asked = 2000
-    for tried in range(1, HANG_UP_ATTEMPTS + 1):
+    tries: list[tuple[float, float, float]] = []
+    for _ in range(HANG_UP_ATTEMPTS):
         cancelled_before = outcomes(gateway, url, "client_cancelled")
-        generated, ended_after = hang_up_at_first_token(gateway, url, asked)
+        generated, released_after, ended_after = hang_up_at_first_token(gateway, url, asked)
+        tries.append((generated, round(released_after, 2), round(ended_after, 2)))
+        assert released_after < 1.0, f"the gateway held the permit {released_after:.2f} s after the hang-up"
         if generated < asked:
-            break
-    assert generated < asked, f"in {tried} tries vLLM made all {asked} tokens before the hang-up reached it"
-    assert ended_after < 1.0, f"vLLM still ran the request {ended_after:.2f} s after the hang-up ({generated:g} tokens)"
-    wait_for(lambda: upstream_state(gateway, url)["inflight"] == 0, 5, "the gateway releasing the permit")
-    assert outcomes(gateway, url, "client_cancelled") == cancelled_before + 1
+            assert outcomes(gateway, url, "client_cancelled") == cancelled_before + 1
+            if ended_after < 1.0:
+                break
+    aborted = [t for t in tries if t[0] < asked]
+    assert aborted, f"in {len(tries)} tries vLLM made all {asked} tokens before the hang-up reached it: {tries}"
+    assert any(t[2] < 1.0 for t in aborted), f"vLLM never ended an aborted request within 1 s (tokens, gateway " \
+                                              f"release s, vLLM end s): {tries}"
 
 
 # --- the hard cap from vLLM's own limits ----------------------------------------------------------------------------
