@@ -304,9 +304,14 @@ class Aimd:
         self._reprobe.begin()
         step = probe_step(self.config, self._limit)
         # Down-probes measure where the knee itself is estimated to be (the limit sits a margin above
-        # it), since the estimate between two far-apart readings is the least certain part.
+        # it), since the estimate between two far-apart readings is the least certain part. An
+        # estimate that rests on a first reading below it (slow start's, a probe's) is a guess, not a
+        # bracket: a probe there can cost half the throughput for as long as it lasts, so the probe
+        # takes one step and lets the curve's settled readings walk the knee down.
         found = self._curve.knee(self.config.knee_fraction)
-        crossing = found[0] if found is not None else self._limit - step
+        crossing = self._limit - step
+        if found is not None and self._curve.measured_around(found[0]):
+            crossing = found[0]
         up, down = min(self._limit + step, top), max(min(self._limit - step, crossing), lo)
         climb = min(max(self._limit + step, self._limit + round(CLIMB_STEP * self._limit)), top)
         turn = self._reprobe.choose(self._limit, up, down, climb)

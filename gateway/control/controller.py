@@ -87,7 +87,7 @@ class UpstreamControl:
         else:
             count = TokenCount(tokens_total, now)
         stats = window.stats(now)
-        full = limiter.queue_depth > 0 or max(limiter.peak_inflight, limiter.inflight) >= limiter.limit
+        full = limiter.full
         if full and self._spare_at is not None:
             self._bursts.append((self._spare_at, now + self.config.settle_s))
         self._spare_at = None if full else now

@@ -185,6 +185,13 @@ class Curve:
             previous = (limit, rate)
         return fitted[-1][0], True
 
+    def measured_around(self, limit: int) -> bool:
+        """Whether settled readings lie on both sides of ``limit`` (or at it): an estimate there is
+        read between measurements, not off a first reading whose bias (or slow start's single pass)
+        may have put it far from where the curve really is."""
+        settled = [key for key, point in self.points.items() if point.settled]
+        return any(key <= limit for key in settled) and any(key >= limit for key in settled)
+
     def seed(self, levels: Iterable[tuple[int, float]]) -> None:
         """Start from readings measured elsewhere (a sweep): settled points of one reading each, taken
         before any local one (so any rescale scales them), which the first local readings at their

@@ -44,6 +44,11 @@ class LimiterState:
     peak_inflight: int
     queue_depth: int
 
+    @property
+    def full(self) -> bool:
+        """Whether the limit held anyone back since the last tick: a queue, or in flight reached it."""
+        return self.queue_depth > 0 or max(self.peak_inflight, self.inflight) >= self.limit
+
 
 @dataclass(frozen=True, slots=True)
 class Headroom:

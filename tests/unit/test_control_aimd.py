@@ -14,6 +14,7 @@ from dataclasses import replace
 from gateway.control.aimd import Aimd
 from gateway.control.algorithm import Action, Decision, Reason
 from gateway.control.config import AimdConfig, StartPoint
+from gateway.control.knee import probe_step
 from gateway.control.observation import LimiterState, Observation, observe
 from gateway.control.window import SlidingWindow
 
@@ -322,3 +323,18 @@ def test_a_doubling_that_reads_under_its_base_right_after_the_step_is_read_again
     assert min(d.limit for d in decisions) >= 8
     held = sorted(d.limit for d in decisions[40:])
     assert held[len(held) // 2] == 11  # re-probes beside it come and go
+
+
+def test_a_down_probe_takes_one_step_where_the_knee_estimate_rests_on_a_first_reading() -> None:
+    """Slow start's readings are first readings: at 16 (on the way to 32) it read once, and the knee
+    read between that reading and the settled ones at 32 and below is a guess. A down-probe to it can
+    cost a third of the throughput for as long as it lasts (against vLLM: 10 -> 6, twice, inside
+    measured rounds), so from such an estimate the probe takes one step and lets settled readings
+    walk the knee down."""
+    step = probe_step(CONFIG, 32)
+    drive = Drive(Aimd(CONFIG, initial_limit=1), lambda n: 100.0 * min(n, 20), clients=96)
+    decisions = drive.run(200, interval=0.5, hard_cap=32)
+    downs = [(before.limit, after.limit) for before, after in zip(decisions, decisions[1:])
+             if after.reason is Reason.PROBE and after.action is Action.DECREASE]
+    assert len(downs) >= 2
+    assert all(after >= before - step for before, after in downs), downs

@@ -103,3 +103,11 @@ def test_first_readings_of_uncertain_world_are_dropped_on_a_rescale() -> None:
     assert curve.add(32, 580.0, 20.0)  # two readings at half: the backend got 2x slower
     assert 24 not in curve.points
     assert curve.rate(16) == pytest.approx(900.0 * 580.0 / 1150.0)
+
+
+def test_an_estimate_is_measured_around_only_between_settled_readings() -> None:
+    curve = curve_of({8: 800.0, 16: 1000.0})
+    curve.add(4, 700.0, 50.0, settled=False)  # slow start's first reading
+    assert curve.measured_around(8) and curve.measured_around(12)
+    assert not curve.measured_around(6)  # below: only the first reading at 4
+    assert not curve.measured_around(20)  # above the highest settled reading
