@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.control.algorithm import Action, Decision, Phase, Reason
-from gateway.control.capacity import kv_room, over_share
+from gateway.control.capacity import KvRoom, over_share
 from gateway.control.ceiling import Ceiling
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.curve import Curve
@@ -71,6 +71,7 @@ class Aimd:
         self._detector = CongestionDetector(config)
         self._readings = Readings(config.settle_s, config.measure_s)
         self._tpot = TpotPredictor(config.min_samples)
+        self._kv_room = KvRoom(config.window_s)
         self._detail: dict[str, Any] = {}
         self._blocked_by: Reason | None = None
         self._shared_at: float | None = None
@@ -88,6 +89,7 @@ class Aimd:
         bottleneck = obs.queue_depth > 0 or obs.peak_inflight >= self._limit
         self._reprobe.tick(now, bottleneck)
         self._tpot.calibrate(obs, bottleneck)
+        self._kv_room.observe(obs, self.config)
         signals = self._detector.update(obs)
         self._readings.observe(obs, self._limit, bottleneck)
         hi = self.config.limit_max if obs.hard_cap is None else min(
@@ -219,7 +221,7 @@ class Aimd:
             return self._limit  # a step up would take room from a replica under its share
         ceiling = self._ceiling.at(obs.now)
         top = hi if ceiling is None else max(min(hi, ceiling), self.config.limit_min)
-        room = kv_room(obs, self.config)
+        room = self._kv_room.room(obs, self.config)
         if room is not None:
             top = min(top, max(self._limit + room, self._limit))
         return top
@@ -344,7 +346,7 @@ class Aimd:
         probe = self._probe
         target = share_move(self._limit, _demand(obs), obs.peers, self.config.metrics_stale_s, lo=lo, hi=hi,
                             bottleneck=bottleneck, probing_up=probe is not None and probe.direction > 0,
-                            exploring=probe is not None, room=kv_room(obs, self.config))
+                            exploring=probe is not None, room=self._kv_room.room(obs, self.config))
         if target is None:
             return None
         self._probe = None

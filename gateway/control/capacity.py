@@ -8,6 +8,7 @@ too (so two gateways do not keep whatever split the race at start-up gave them).
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from gateway.control.config import AimdConfig
 from gateway.control.observation import Observation
@@ -19,14 +20,38 @@ KV_ROOM_SHARE = 0.75
 FAIR_SLACK = 0.25
 
 
-def kv_room(obs: Observation, config: AimdConfig) -> int | None:
-    """How many more sequences fit before KV usage reaches ``kv_usage_resume``, at the KV each running
-    sequence holds now (KV grows with concurrency x context); None when KV usage is unknown or stale."""
-    kv, running, age = obs.kv_usage, obs.backend_running, obs.kv_usage_age_s
-    if kv is None or not running or kv <= 0 or age is None or age > config.metrics_stale_s:
-        return None
-    per_sequence = kv / running
-    return math.floor(KV_ROOM_SHARE * (config.kv_usage_resume - kv) / per_sequence)
+class KvRoom:
+    """How many more sequences fit before KV usage reaches ``kv_usage_resume`` (KV grows with concurrency
+    x context), counted from the running sequences and the KV each of them holds.
+
+    A sequence's KV grows from its prompt to its whole context over its life, so one scrape's KV per
+    running sequence depends on where the running requests are in their lives: a wave just admitted holds
+    its prompts, one about to finish its whole contexts. Against vLLM one slot under its KV budget, the room
+    read off single scrapes flipped between none and one from tick to tick, and whichever the tick of a
+    re-probe saw decided the limit. The KV per sequence is therefore the mean over the last ``span_s``."""
+
+    def __init__(self, span_s: float) -> None:
+        self.span_s = span_s
+        self._per_sequence: deque[tuple[float, float]] = deque()  # (when, KV usage per running sequence)
+
+    def observe(self, obs: Observation, config: AimdConfig) -> None:
+        kv, running = obs.kv_usage, obs.backend_running
+        if _fresh(obs, config) and kv is not None and running:
+            self._per_sequence.append((obs.now, kv / running))
+        while self._per_sequence and self._per_sequence[0][0] < obs.now - self.span_s:
+            self._per_sequence.popleft()
+
+    def room(self, obs: Observation, config: AimdConfig) -> int | None:
+        """Sequences that still fit; None when KV usage is unknown or stale (or nothing runs)."""
+        if not _fresh(obs, config) or not obs.backend_running or not self._per_sequence:
+            return None
+        per_sequence = sum(per for _, per in self._per_sequence) / len(self._per_sequence)
+        return math.floor(KV_ROOM_SHARE * (config.kv_usage_resume / per_sequence - obs.backend_running))
+
+
+def _fresh(obs: Observation, config: AimdConfig) -> bool:
+    kv, age = obs.kv_usage, obs.kv_usage_age_s
+    return kv is not None and kv > 0 and age is not None and age <= config.metrics_stale_s
 
 
 def over_share(obs: Observation, config: AimdConfig, *, room_to_grow: bool) -> bool:

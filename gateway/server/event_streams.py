@@ -53,11 +53,12 @@ def openai_usage(payload: dict[str, Any]) -> dict[str, int] | None:
 
 @dataclass(frozen=True)
 class EventTable:
-    """Which event names are tokens, carry usage, errors, or the response's id, for one API."""
+    """Which event names are tokens, carry usage, errors, the response's id, or end the stream, for one API."""
 
     tokens: frozenset[bytes]
     usage: frozenset[bytes]
     errors: frozenset[bytes]
+    ends: frozenset[bytes]
     ids: frozenset[bytes] = frozenset()
 
 
@@ -66,12 +67,14 @@ RESPONSES_EVENTS = EventTable(
                       b"response.refusal.delta", b"response.function_call_arguments.delta"}),
     usage=frozenset({b"response.completed", b"response.incomplete", b"response.failed"}),
     errors=frozenset({b"error", b"response.failed"}),
+    ends=frozenset({b"response.completed", b"response.incomplete", b"response.failed"}),
     ids=frozenset({b"response.created"}),
 )
 MESSAGES_EVENTS = EventTable(
     tokens=frozenset({b"content_block_delta"}),
     usage=frozenset({b"message_start", b"message_delta"}),
     errors=frozenset({b"error"}),
+    ends=frozenset({b"message_stop"}),
 )
 
 
@@ -87,6 +90,7 @@ class NamedEventFilter:
         self._separator = b"\n\n"
         self.seen_token = False
         self.upstream_error: str | None = None
+        self.finished = False  # the API's closing event came
         self.response_id: str | None = None
         self._prompt: int | None = None
 
@@ -121,6 +125,8 @@ class NamedEventFilter:
         table = self._table
         if name in table.tokens:
             return 1
+        if name in table.ends:
+            self.finished = True
         if name in table.usage or name in table.errors or name in table.ids:
             payload = _data_of(event)
             if payload is not None:

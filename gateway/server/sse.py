@@ -16,6 +16,7 @@ class StreamWatcher(Protocol):
 
     seen_token: bool
     upstream_error: str | None
+    finished: bool  # the stream's closing event came: a hang-up after it loses nothing
 
     def feed(self, data: bytes) -> bytes: ...
 
@@ -66,6 +67,8 @@ class SSEFilter:
         self._last_counted: bytes | None = None  # the last read (or event) counted without parsing
         self._tokens = 0  # counted in the current read
         self.upstream_error: str | None = None
+        self.finished = False  # ``data: [DONE]`` came
+        self._done_end = b"[DONE]\n\n"  # how the closing event ends
 
     def feed(self, data: bytes) -> bytes:
         """Bytes to send to the client for this read: every complete event, filtered."""
@@ -77,6 +80,8 @@ class SSEFilter:
             if count:
                 self._last_counted = data
                 self._tracker.tokens(count, self._clock())
+            if data.endswith(self._done_end):
+                self.finished = True
             return data
         if self._rest:
             data, self._rest = self._rest + data, b""
@@ -98,6 +103,7 @@ class SSEFilter:
         if start and not self._framed:
             self._framed = True
             self._json_end = b"}" + separator
+            self._done_end = b"[DONE]" + separator
         if start < len(data):
             self._rest = data[start:]
         if self._tokens:
@@ -135,6 +141,8 @@ class SSEFilter:
             return True
         chunk = _parse(event)
         if chunk is None:
+            if event[5:].strip() == b"[DONE]":
+                self.finished = True
             return True
         if "error" in chunk:  # OpenAI's and llama-server's shape
             error = chunk["error"]

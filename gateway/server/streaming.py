@@ -68,7 +68,11 @@ class ProxyStreamResponse(Response):
             why = self._watch.absorb()
             if why is None:
                 raise
-            if why is Stop.SHUTDOWN:
+            if why is Stop.CLIENT_GONE and self._sse.finished:
+                # The client had the whole answer (it may close as soon as the closing event arrives,
+                # before the upstream ends its body): nothing was lost.
+                outcome = Outcome.OK if self._sse.upstream_error is None else Outcome.UPSTREAM_ERROR
+            elif why is Stop.SHUTDOWN:
                 outcome = Outcome.SHUT_DOWN
                 await self._end_with(send, self._error_event(
                     "the gateway is shutting down; retry on another replica", "shutting_down", 503))

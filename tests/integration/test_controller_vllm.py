@@ -29,7 +29,7 @@ from tests.support.vllm_preemption import BLOCK, Budget, Pace, compare, measure_
 PROMPT_WORDS = 512
 OUTPUT_TOKENS = 128
 KV_BLOCKS = 256
-PACE = Pace(converge_s=30.0, warmup_s=4.0, measure_s=10.0, rounds=2)
+PACE = Pace(converge_s=60.0, warmup_s=4.0, measure_s=10.0, rounds=2)
 
 
 @pytest.fixture(scope="module")
@@ -50,4 +50,6 @@ def budget(module_processes, config) -> Budget:
 async def test_controller_holds_below_preemption_at_the_best_static_limit(module_processes, config, budget,
                                                                           streamed: bool) -> None:
     outcome = await compare(module_processes, config.base_url, budget, streamed=streamed, pace=PACE)
+    print(f"ratios {outcome.ratio}, limits measured {sorted(set(outcome.limit_measured))}, "
+          f"preemptions {outcome.preemptions}")
     assert not outcome.failed(), f"not met: {outcome.failed()}\n{json.dumps(asdict(outcome), indent=1)}"

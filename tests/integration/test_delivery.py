@@ -3,13 +3,16 @@ purpose (:mod:`tests.support.fault_upstream`), each counting the requests it rea
 
 from __future__ import annotations
 
+import http.client
 import json
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
 
-from tests.support.fault_upstream import MODEL, FaultUpstream, fault_upstream, wait_for
+from tests.support.fault_upstream import LINGER_S, MODEL, FaultUpstream, fault_upstream, wait_for
 from tests.support.gateway import get_json, metric_value, start_gateway
 
 CHAT = [{"role": "user", "content": "hi"}]
@@ -140,3 +143,28 @@ def test_a_stream_that_goes_silent_ends_with_an_error_event(processes) -> None:
         assert status == 200 and events[0]["choices"][0]["delta"]["content"] == "hello"
         assert events[-1]["error"]["code"] == "upstream_timeout"
         assert wait_for(lambda: inflight(gw) == 0)
+
+
+def test_a_client_that_closes_at_done_had_the_whole_answer_and_is_counted_ok(processes) -> None:
+    """Clients (the OpenAI SDK among them) may close as soon as ``[DONE]`` arrives, before the upstream ends
+    its body: that is a whole answer, counted ``ok``, not ``client_cancelled``, and the permit comes back at
+    the hang-up, not when the upstream ends."""
+    with fault_upstream("linger") as upstream:
+        gw = gateway(processes, [upstream])
+        address = urllib.parse.urlsplit(gw)
+        conn = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+        conn.request("POST", "/v1/chat/completions", json.dumps({"model": MODEL, "messages": CHAT, "stream": True}),
+                     {"content-type": "application/json"})
+        reply = conn.getresponse()
+        assert reply.status == 200
+        while (line := reply.readline()) and line.strip() != b"data: [DONE]":
+            pass
+        assert line.strip() == b"data: [DONE]"
+        closed_at = time.monotonic()
+        conn.close()
+        assert wait_for(lambda: inflight(gw) == 0, timeout=LINGER_S / 2)
+        assert time.monotonic() - closed_at < LINGER_S / 2
+        outcomes = {outcome: metric_value(f"{gw}/metrics", "sweetspot_upstream_requests_total",
+                                          {"upstream": upstream.url, "outcome": outcome})
+                    for outcome in ("ok", "client_cancelled")}
+        assert outcomes == {"ok": 1.0, "client_cancelled": None}, outcomes

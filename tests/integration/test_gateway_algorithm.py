@@ -69,9 +69,9 @@ def test_every_request_end_reaches_the_algorithm_and_its_limit_holds(processes) 
     seen = state["controller"]["algorithm"]
     assert seen["algorithm"] == "counting" and seen["ticks"] >= 5
     assert seen["ended"] == len(done) > 0, (len(done), json.dumps(seen))  # each request, once
-    # A client that closes as soon as it reads [DONE] is now and then recorded as cancelled by the gateway,
-    # which had not yet seen the upstream's end: a whole answer all the same.
-    assert seen["ok"] + seen["outcomes"].get("client_cancelled", 0) == seen["ended"], json.dumps(seen)
+    # Clients that close as soon as they read [DONE], before the gateway saw the upstream's end, had their
+    # whole answer: ok, every one.
+    assert seen["ok"] == seen["ended"], json.dumps(seen)
     assert seen["tokens"] == sum(done)
     # 8 clients against a limit of 3: never more than 3 in flight, and the end listener sees the count after.
     assert seen["max_inflight_at_start"] == 3 and seen["max_inflight_after"] == 2

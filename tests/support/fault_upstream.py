@@ -17,6 +17,8 @@ Modes (``mode``, changeable while it runs):
 * ``hang``: read the request, never answer.
 * ``stall``: answer a stream's headers and one token, then go silent.
 * ``no_token``: answer a stream's headers and a chunk with no token (the role only), then go silent.
+* ``linger``: answer a stream whole, ``[DONE]`` included, then hold its body open ``LINGER_S`` before ending
+  it (a client that closes at ``[DONE]`` hangs up before the gateway sees the upstream's end).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 MODEL = "fault-model"
+LINGER_S = 5.0
 
 
 class FaultUpstream:
@@ -118,7 +121,10 @@ class FaultUpstream:
                 self._stop.wait()
                 return False
             usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
-            conn.sendall(_chunk(_event({"choices": [], "usage": usage})) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            conn.sendall(_chunk(_event({"choices": [], "usage": usage})) + _chunk(b"data: [DONE]\n\n"))
+            if mode == "linger":
+                self._stop.wait(LINGER_S)
+            conn.sendall(b"0\r\n\r\n")
             return True
         body = json.dumps({"id": "x", "object": "chat.completion", "model": MODEL,
                            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"},

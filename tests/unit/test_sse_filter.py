@@ -14,6 +14,7 @@ import pytest
 from gateway.server.admission import Limiter
 from gateway.control.window import Outcome, SlidingWindow
 from gateway.server.measure import RequestTracker
+from gateway.server.event_streams import MESSAGES_EVENTS, RESPONSES_EVENTS, NamedEventFilter
 from gateway.server.sse import SSEFilter
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.server.upstreams import Upstream
@@ -178,3 +179,27 @@ def test_reads_with_nothing_dropped_are_passed_on_as_they_are() -> None:
     sse.feed(ROLE + TOKENS[0])
     data = TOKENS[1] + TOKENS[2]
     assert sse.feed(data) is data
+
+
+@pytest.mark.parametrize(("bytewise", "together"), [(False, 1), (True, 1), (False, 2), (False, 7)])
+def test_the_closing_event_marks_the_stream_finished(bytewise: bool, together: int) -> None:
+    """A client may close as soon as ``[DONE]`` arrives, before the upstream ends its body: the stream is
+    then finished, and the hang-up loses nothing (the reply counts it ok, not client_cancelled)."""
+    _, _, sse, _ = run(LLAMA_CHAT, forward_usage=False, bytewise=bytewise, together=together)
+    assert sse.finished
+    _, _, sse, _ = run(LLAMA_CHAT[:-1], forward_usage=False, bytewise=bytewise, together=together)
+    assert not sse.finished
+    crlf = [e.replace(b"\n\n", b"\r\n\r\n") for e in LLAMA_CHAT]
+    _, _, sse, _ = run(crlf, forward_usage=False, bytewise=bytewise, together=together)
+    assert sse.finished
+
+
+def test_the_named_apis_closing_events_mark_the_stream_finished() -> None:
+    clock = Clock()
+    for table, closing in ((RESPONSES_EVENTS, b"response.completed"), (MESSAGES_EVENTS, b"message_stop")):
+        watcher = NamedEventFilter(tracker(clock), clock, table)
+        watcher.feed(b'event: ' + (b"response.output_text.delta" if table is RESPONSES_EVENTS else
+                                    b"content_block_delta") + b'\ndata: {"delta":"x"}\n\n')
+        assert watcher.seen_token and not watcher.finished
+        watcher.feed(b"event: " + closing + b'\ndata: {"type":"' + closing + b'"}\n\n')
+        assert watcher.finished
