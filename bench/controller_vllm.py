@@ -1,8 +1,7 @@
 """The controller in the running gateway, in front of a real vLLM whose KV budget preempts, against static limits
 measured in the same run, under closed-loop loads of three times the concurrency the KV cache holds (C),
 streamed and not streamed (issues #16 and #24), with any workload and KV budget, and the figures written out
-(``tests/support/vllm_preemption.py`` runs the comparison; ``tests/integration/test_controller_vllm.py`` runs it
-shorter as a test). docs/vllm.md has the runs.
+(``tests/support/vllm_preemption.py`` runs the comparison). docs/vllm.md has the runs, and why it is not a test.
 
 By default 512-word prompts (545 tokens to vLLM's tokenizer) and 128-token answers,
 22 blocks of 32 each, 256 blocks: C = 11, 33 clients, static limits 11 and 22. A preempted request recomputes

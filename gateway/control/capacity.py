@@ -26,9 +26,9 @@ class KvRoom:
 
     A sequence's KV grows from its prompt to its whole context over its life, so one scrape's KV per
     running sequence depends on where the running requests are in their lives: a wave just admitted holds
-    its prompts, one about to finish its whole contexts. Against vLLM one slot under its KV budget, the room
-    read off single scrapes flipped between none and one from tick to tick, and whichever the tick of a
-    re-probe saw decided the limit. The KV per sequence is therefore the mean over the last ``span_s``."""
+    its prompts, one about to finish its whole contexts. Near the KV budget the room read off one scrape
+    would then say "none" or "one" by the tick, and the tick a re-probe happens to fall on would decide
+    the limit. The KV per sequence is therefore the mean over the last ``span_s``."""
 
     def __init__(self, span_s: float) -> None:
         self.span_s = span_s

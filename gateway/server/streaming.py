@@ -71,6 +71,7 @@ class ProxyStreamResponse(Response):
             if why is Stop.CLIENT_GONE and self._sse.finished:
                 # The client had the whole answer (it may close as soon as the closing event arrives,
                 # before the upstream ends its body): nothing was lost.
+                self._sse.flush()  # settles the token count; nobody is left to send the rest to
                 outcome = Outcome.OK if self._sse.upstream_error is None else Outcome.UPSTREAM_ERROR
             elif why is Stop.SHUTDOWN:
                 outcome = Outcome.SHUT_DOWN
