@@ -310,11 +310,10 @@ class Aimd:
         # estimate that rests on a first reading below it (slow start's, a probe's) is a guess, not a
         # bracket: a probe there can cost half the throughput for as long as it lasts, so the probe
         # takes one step and lets the curve's settled readings walk the knee down.
-        found = self._curve.knee(self.config.knee_fraction)
-        crossing = self._limit - step
+        down = self._limit - step
         if found is not None and self._curve.measured_around(found[0]):
-            crossing = found[0]
-        up, down = min(self._limit + step, top), max(min(self._limit - step, crossing), lo)
+            down = min(down, found[0])
+        up, down = min(self._limit + step, top), max(down, lo)
         climb = min(max(self._limit + step, self._limit + round(CLIMB_STEP * self._limit)), top)
         turn = self._reprobe.choose(self._limit, up, down, climb)
         if turn is None:  # up is closed (the hard cap, a ceiling): this turn is skipped
