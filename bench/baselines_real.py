@@ -49,7 +49,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.controller_vllm import KV_BLOCKS, OUTPUT_TOKENS, PROMPT_WORDS
 from gateway.demo.processes import process_factory
 from gateway.sweep.workload import Workload, parse_length
 from tests.support.closed_loop import (
@@ -75,6 +74,11 @@ LLAMA_CONVERGE_S = 8.0
 
 VLLM_MAX_SEQS = 64
 VLLM_PACE = Pace()
+# The workload and KV budget of the recorded run in docs/controller.md (bench/controller_vllm.py has since
+# spread its answers' lengths); C = 11 here too.
+PROMPT_WORDS = 512
+OUTPUT_TOKENS = 128
+KV_BLOCKS = 256
 
 
 def configurations(start: Start, url: str, static: int, controller_env: dict[str, str]) -> dict[str, str]:
@@ -156,7 +160,7 @@ async def vllm(start: Start, rounds: int) -> dict[str, Any]:
                          block_size=BLOCK)
     start_vllm(start, config, timeout=600)
     url = config.base_url
-    budget = await measure_budget(url, PROMPT_WORDS, OUTPUT_TOKENS, KV_BLOCKS)
+    budget = await measure_budget(url, PROMPT_WORDS, str(OUTPUT_TOKENS), KV_BLOCKS)
     gateways = configurations(start, url, VLLM_MAX_SEQS, DEFAULT_READINGS)
     generated = partial(vllm_counter, url, "vllm:generation_tokens_total")
     load = partial(stream_load, model=VLLM_MODEL, workload=budget.workload, clients=3 * budget.c, tokens=generated)

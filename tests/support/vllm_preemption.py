@@ -1,6 +1,6 @@
 """The controller in the running gateway against a real vLLM whose KV budget preempts, beside static limits in
-the same run: what issues #16 (streams) and #24 (whole answers) ask of it, for ``bench/controller_vllm.py``
-and ``bench/baselines_real.py``.
+the same run: what issues #16 (streams) and #24 (whole answers) ask of it, for
+``tests/integration/test_controller_vllm.py``, ``bench/controller_vllm.py`` and ``bench/baselines_real.py``.
 
 vLLM runs the generated ``KNEE`` model with a KV budget set in blocks (``--num-gpu-blocks-override``). C is how
 many requests of the workload those blocks hold at once: vLLM gives a request whole blocks for its prompt and
@@ -10,7 +10,8 @@ static limit of 2C shows that in the same run (``vllm:num_preemptions_total`` ri
 
 How much a preemption costs is the workload's prompt: the recomputation is a prefill. With prompts of a few
 hundred tokens (as chat histories and retrieved context are) it is dear even on this CPU, and a limit past
-the budget loses goodput; with 32-token prompts it is nearly free and 2C wins (``docs/vllm.md`` has both).
+the budget loses streams' goodput (their preempted requests miss the TPOT objective), though not whole
+answers' throughput; with 32-token prompts it is nearly free and 2C wins (``docs/vllm.md`` has both).
 
 Every configuration is one gateway in front of the same vLLM, run one at a time with vLLM idle between runs,
 so ``vllm:generation_tokens_total``'s delta over a run's measured interval is that configuration's throughput.
@@ -29,7 +30,7 @@ from functools import partial
 
 import aiohttp
 
-from gateway.sweep.workload import RequestFactory, Workload, parse_length
+from gateway.sweep.workload import LengthDist, RequestFactory, Workload, parse_length
 from tests.support.closed_loop import (
     Objectives,
     limit_of,
@@ -43,6 +44,12 @@ from tests.support.gateway import Start, metric_value
 from tests.support.vllm import MODEL
 
 BLOCK = 32
+# The workload and budget of the test and of bench/controller_vllm.py: 545-token prompts (vLLM's count of 512
+# words) and 96-160-token answers need 23 blocks each at their longest; 264 blocks hold C = 11 of them, filling
+# 96% of the 263 usable blocks at their longest and about 80% on average, under the controller's kv_usage_high.
+PROMPT_WORDS = 512
+OUTPUT = "96..160"
+KV_BLOCKS = 264
 # FAST_CONTROL's ticks, with the default settle, reading and re-probe periods (2 s, 6 s, 30 s). A request here
 # lasts 6-8 s (a 545-token prefill, then 128 tokens), and a 2-s reading sees where the running requests are in
 # their lives more than the limit: just after a step down only decodes run, and the lower limit reads as fast
@@ -54,31 +61,52 @@ DEFAULT_READINGS = {"SWEETSPOT_SETTLE_S": "2", "SWEETSPOT_MEASURE_S": "6", "SWEE
 
 @dataclass(frozen=True)
 class Budget:
-    """The workload and the KV budget, and C: how many of its requests vLLM's blocks hold at once."""
+    """The workload and the KV budget, and C: how many of its requests vLLM's blocks hold at once, each at
+    its longest (so C of them never preempt, whatever lengths they draw).
+
+    ``output`` is a length spec, ``N`` or ``A..B`` (uniform). Answers of one length, admitted together, end
+    together, and the closed loop keeps them in step: the run becomes waves of prefill, then decode, and a run
+    of a few seconds measures its phase in those waves as much as the limit. Lengths spread around the mean
+    put the requests out of step within a wave or two (docs/vllm.md has the run-to-run spread of each)."""
 
     prompt_words: int
     prompt_tokens: int  # what vLLM counted for such a prompt (its usage), not the words asked for
-    output_tokens: int
+    output: str
     kv_blocks: int
 
     @property
+    def output_len(self) -> LengthDist:
+        length = parse_length(self.output)
+        if length.kind not in ("fixed", "uniform"):
+            raise ValueError(f"the output length {self.output!r} has no longest: use N or A..B")
+        return length
+
+    @property
+    def longest_output(self) -> int:
+        length = self.output_len
+        return int(length.b if length.kind == "uniform" else length.a)
+
+    @property
+    def blocks_each(self) -> int:
+        return math.ceil((self.prompt_tokens + self.longest_output) / BLOCK)
+
+    @property
     def c(self) -> int:
-        return (self.kv_blocks - 1) // math.ceil((self.prompt_tokens + self.output_tokens) / BLOCK)
+        return (self.kv_blocks - 1) // self.blocks_each
 
     @property
     def workload(self) -> Workload:
-        return Workload(api="completions", prompt_len=parse_length(self.prompt_words),
-                        output_len=parse_length(self.output_tokens))
+        return Workload(api="completions", prompt_len=parse_length(self.prompt_words), output_len=self.output_len)
 
 
-async def measure_budget(url: str, prompt_words: int, output_tokens: int, kv_blocks: int) -> Budget:
+async def measure_budget(url: str, prompt_words: int, output: str, kv_blocks: int) -> Budget:
     """Ask vLLM how many tokens the workload's prompts come to (its tokenizer's count, not the words)."""
     probe = Workload(api="completions", prompt_len=parse_length(prompt_words), output_len=parse_length(1))
     body = dict(RequestFactory(probe).next().body, model=MODEL, stream=False)
     body.pop("stream_options", None)
     async with aiohttp.ClientSession() as session, session.post(f"{url}/v1/completions", json=body) as resp:
         usage = (await resp.json())["usage"]
-    return Budget(prompt_words, int(usage["prompt_tokens"]), output_tokens, kv_blocks)
+    return Budget(prompt_words, int(usage["prompt_tokens"]), output, kv_blocks)
 
 
 @dataclass(frozen=True)

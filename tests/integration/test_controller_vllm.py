@@ -1,0 +1,49 @@
+"""The controller in the running gateway against real preemption (#16): a real vLLM (the CPU build, the
+generated ``KNEE`` model) whose KV budget holds C = 11 requests of the workload, 3C closed-loop streaming
+clients, and static limits of C and 2C measured in the same test (``tests/support/vllm_preemption.py`` says
+how, and why the prompts are 512 words and the answers' lengths spread).
+
+The controller must see static 2C preempt in the same test, settle at or below C, see at most one preemption
+a minute while judged, and deliver at least 0.9x each static limit's goodput (within the gateway's TTFT and
+TPOT objectives), the median of round-by-round ratios over rotated rounds. ``bench/controller_vllm.py`` runs
+the same comparison longer, for whole answers too, and writes the figures docs/vllm.md shows.
+
+One vLLM for the module and three gateways: 60 s to converge, then three rounds of three 14-second runs, vLLM
+idle between runs, the requests in flight at the end of a run let finish (their tokens inside the run count
+towards goodput).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict
+
+import pytest
+
+from tests.support.vllm import KNEE, VllmConfig, start_vllm, vllm_config
+from tests.support.vllm_preemption import BLOCK, KV_BLOCKS, OUTPUT, PROMPT_WORDS, Budget, Pace, compare, measure_budget
+
+PACE = Pace(converge_s=60.0, warmup_s=4.0, measure_s=10.0, rounds=3)
+
+
+@pytest.fixture(scope="module")
+def config() -> VllmConfig:
+    return vllm_config(KNEE, max_num_seqs=64, num_gpu_blocks=KV_BLOCKS, max_model_len=2048, block_size=BLOCK)
+
+
+@pytest.fixture(scope="module")
+def budget(module_processes, config) -> Budget:
+    start_vllm(module_processes, config, timeout=600)
+    budget = asyncio.run(measure_budget(config.base_url, PROMPT_WORDS, OUTPUT, KV_BLOCKS))
+    assert budget.c >= 8, f"{budget}: C = {budget.c}, too few for a knee below the budget to matter"
+    return budget
+
+
+@pytest.mark.timeout(600)
+async def test_controller_holds_streams_below_preemption_at_the_best_static_limit(module_processes, config,
+                                                                                 budget) -> None:
+    outcome = await compare(module_processes, config.base_url, budget, streamed=True, pace=PACE)
+    print(f"ratios {outcome.ratio}, per run {outcome.runs}, limits measured {sorted(set(outcome.limit_measured))}, "
+          f"preemptions {outcome.preemptions}, limit changes {outcome.limit_changes}")
+    assert not outcome.failed(), f"not met: {outcome.failed()}\n{json.dumps(asdict(outcome), indent=1)}"
