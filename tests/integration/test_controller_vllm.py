@@ -4,8 +4,9 @@ clients, and static limits of C and 2C measured in the same test (``tests/suppor
 how, and why the prompts are 512 words and the answers' lengths spread).
 
 The controller must see static 2C preempt in the same test, settle at or below C, see at most one preemption
-a minute while judged, and deliver at least 0.9x each static limit's goodput (within the gateway's TTFT and
-TPOT objectives), the median of round-by-round ratios over rotated rounds. ``bench/controller_vllm.py`` runs
+a minute while judged, and deliver at least 0.9x each static limit's goodput (within a TTFT objective of 4 s,
+``OBJECTIVES`` says why, and the gateway's TPOT objective), the median of round-by-round ratios over rotated
+rounds. ``bench/controller_vllm.py`` runs
 the same comparison longer, for whole answers too, and writes the figures docs/vllm.md shows.
 
 One vLLM for the module and three gateways: 60 s to converge, then three rounds of three 14-second runs, vLLM
@@ -25,6 +26,12 @@ from tests.support.vllm import KNEE, VllmConfig, start_vllm, vllm_config
 from tests.support.vllm_preemption import BLOCK, KV_BLOCKS, OUTPUT, PROMPT_WORDS, Budget, Pace, compare, measure_budget
 
 PACE = Pace(converge_s=60.0, warmup_s=4.0, measure_s=10.0, rounds=3)
+# The objectives every gateway here holds and goodput is judged by. A 545-token prefill among ten decodes takes
+# 1-2 s on these 2 cores, so at C the p99 TTFT sits about the default objective's 2 s, and on a busy machine a
+# reading above it cut the controller to 8 (0.887 of static 11): the test would judge the machine's load, not
+# the KV budget. With 4 s, what tells the limits apart is what preemption does: a preempted request stalls
+# while it is recomputed and misses the 0.1-s TPOT objective.
+OBJECTIVES = {"SWEETSPOT_TTFT_P99_SLO_S": "4"}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +50,7 @@ def budget(module_processes, config) -> Budget:
 @pytest.mark.timeout(600)
 async def test_controller_holds_streams_below_preemption_at_the_best_static_limit(module_processes, config,
                                                                                  budget) -> None:
-    outcome = await compare(module_processes, config.base_url, budget, streamed=True, pace=PACE)
+    outcome = await compare(module_processes, config.base_url, budget, streamed=True, pace=PACE, env=OBJECTIVES)
     print(f"ratios {outcome.ratio}, per run {outcome.runs}, limits measured {sorted(set(outcome.limit_measured))}, "
           f"preemptions {outcome.preemptions}, limit changes {outcome.limit_changes}")
     assert not outcome.failed(), f"not met: {outcome.failed()}\n{json.dumps(asdict(outcome), indent=1)}"

@@ -25,6 +25,7 @@ import asyncio
 import math
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -45,13 +46,14 @@ from tests.support.vllm import MODEL
 
 BLOCK = 32
 # The workload and budget of the test and of bench/controller_vllm.py: 545-token prompts (vLLM's count of 512
-# words) and 96-160-token answers need 23 blocks each at their longest; 264 blocks hold C = 11 of them, filling
-# 96% of the 263 usable blocks at their longest and about 80% on average, under the controller's kv_usage_high.
+# words) and 96-160-token answers need 23 blocks each at their longest; 264 blocks hold C = 11 of them. All at
+# their longest at once they would fill 96% of the 263 usable blocks; out of step they fill about 80% on
+# average, under the controller's kv_usage_high (0.95).
 PROMPT_WORDS = 512
 OUTPUT = "96..160"
 KV_BLOCKS = 264
 # FAST_CONTROL's ticks, with the default settle, reading and re-probe periods (2 s, 6 s, 30 s). A request here
-# lasts 6-8 s (a 545-token prefill, then 128 tokens), and a 2-s reading sees where the running requests are in
+# lasts 6-8 s (a 545-token prefill, then 96-160 tokens), and a 2-s reading sees where the running requests are in
 # their lives more than the limit: just after a step down only decodes run, and the lower limit reads as fast
 # as the higher one. At the hard cap the re-probes are steps down (nothing lies above); at FAST_CONTROL's 10 s
 # they would take a third of every controller run, which measures the probes' cost, not the controller's
@@ -180,13 +182,14 @@ def changes(state: dict) -> list[str]:
     return [line(d) for d in state["controller"].get("decisions", []) if d["limit"] != d["previous"]]
 
 
-async def compare(start: Start, vllm_url: str, budget: Budget, *, streamed: bool, pace: Pace) -> Outcome:
+async def compare(start: Start, vllm_url: str, budget: Budget, *, streamed: bool, pace: Pace,
+                  env: Mapping[str, str] | None = None) -> Outcome:
     """3C closed-loop clients (streamed, or asking for whole answers): the controller converges under them,
     then rotated rounds of the controller, static C and static 2C; what each delivered, and the checks:
     static 2C preempts, the controller settles at or below C, sees at most one preemption a minute while
     judged, and delivers at least 0.9x each static limit (the median of its round-by-round ratios)."""
     c = budget.c
-    gateways = start_configurations(start, vllm_url, (c, 2 * c), env=DEFAULT_READINGS)
+    gateways = start_configurations(start, vllm_url, (c, 2 * c), env={**DEFAULT_READINGS, **(env or {})})
     controller = gateways["controller"]
     config = upstream_state(controller)["controller"]["config"]
     objectives = Objectives(ttft_s=config["ttft_p99_slo_s"], tpot_s=config["tpot_p99_slo_s"])
