@@ -5,7 +5,7 @@ Both sweeps use the project's sweep (``gateway.sweep.run_sweep``, the metric def
 serve``), against one llama-server (4 slots, one thread: see ``test_controller_llama.py`` for why), with a
 ``--no-control`` gateway whose limit is above every level, so the gateway only proxies. The two sweeps are
 measured level by level in alternation (direct then gateway, then the other way round at the next level, and
-a second round), and each level's tokens/s is the median of its rounds: on a small shared machine that keeps
+two more rounds), and each level's tokens/s is the median of its rounds: on a small shared machine that keeps
 drift from landing on one side only. The bar is not loosened; a failure prints every measurement.
 """
 
@@ -23,7 +23,7 @@ from tests.support.llama import llama_config, start_llama_server
 
 SLOTS = 4
 LEVELS = (4, 8)  # the slot count and twice it: the peak of a 4-slot server lies there
-ROUNDS = 2
+ROUNDS = 3  # the median of three outlasts one run thrown off by the shared machine (one of 509 among 368-399)
 WORKLOAD = Workload(api="completions", prompt_len=parse_length(16), output_len=parse_length(48))
 
 
