@@ -23,7 +23,7 @@ from tests.support.llama import llama_config, start_llama_server
 
 SLOTS = 4
 LEVELS = (4, 8)  # the slot count and twice it: the peak of a 4-slot server lies there
-ROUNDS = 3  # the median of three outlasts one run thrown off by the shared machine (one of 509 among 368-399)
+ROUNDS = 3  # the median of three outlasts one run thrown off by the shared machine; of two it is their mean
 WORKLOAD = Workload(api="completions", prompt_len=parse_length(16), output_len=parse_length(48))
 
 
