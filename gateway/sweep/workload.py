@@ -60,6 +60,13 @@ class LengthDist:
     def mean(self) -> float:
         return (self.a + self.b) / 2 if self.kind == "uniform" else self.a
 
+    @property
+    def longest(self) -> int | None:
+        """The longest a draw can be; None for normal and lognormal, whose draws have no bound."""
+        if self.kind == "fixed":
+            return max(1, int(round(self.a)))
+        return int(self.b) if self.kind == "uniform" else None
+
     def describe(self) -> str:
         if self.kind == "fixed":
             return f"{self.a:g}"

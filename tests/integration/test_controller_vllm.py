@@ -22,7 +22,7 @@ from dataclasses import asdict
 
 import pytest
 
-from tests.support.vllm import KNEE, VllmConfig, start_vllm, vllm_config
+from tests.support.vllm import KNEE, VllmConfig, compute_dtype, start_vllm, vllm_config
 from tests.support.vllm_preemption import BLOCK, KV_BLOCKS, OUTPUT, PROMPT_WORDS, Budget, Pace, compare, measure_budget
 
 PACE = Pace(converge_s=60.0, warmup_s=4.0, measure_s=10.0, rounds=3)
@@ -32,6 +32,16 @@ PACE = Pace(converge_s=60.0, warmup_s=4.0, measure_s=10.0, rounds=3)
 # the KV budget. With 4 s, what tells the limits apart is what preemption does: a preempted request stalls
 # while it is recomputed and misses the 0.1-s TPOT objective.
 OBJECTIVES = {"SWEETSPOT_TTFT_P99_SLO_S": "4"}
+
+# The time scale above (answers of 96-160 tokens, 10-s runs, the 0.1-s TPOT objective) holds on CPUs that compute
+# bfloat16 natively, where C streams draw about 290 tokens/s. On one without (an AVX2-only EPYC), KNEE served them
+# at 71 tokens/s even in float32: every request at C missed the TPOT objective and the test ran past its timeout.
+# Scaling the answers down by that factor did not rescue it: the 545-token prefills then dominate the work and the
+# runs' drains (docs/vllm.md, "On a CPU without native bfloat16").
+pytestmark = pytest.mark.skipif(
+    compute_dtype() is not None,
+    reason="no native bfloat16 on this CPU (AVX512-BF16 or AMX): KNEE is about 4x too slow here for the test's "
+           "time scale and objectives (docs/vllm.md, 'On a CPU without native bfloat16')")
 
 
 @pytest.fixture(scope="module")

@@ -53,14 +53,14 @@ def test_planner_gives_what_vllm_logs(case: PlanCase, logged: dict[str, Logged |
     if isinstance(got, str):
         pytest.fail(f"vLLM did not log its KV cache size for {case.name} ({case.what}):\n{got}", pytrace=False)
     config_json = ensure_model(case.spec) / "config.json"
-    plan = planned(config_json)
+    plan = planned(config_json, case.block_size)
     ours = (plan["kv_cache_tokens"], f"{plan['max_concurrency']:.2f}", plan["block_size"])
     theirs = (got.kv_cache_tokens, got.max_concurrency, got.block_size)
     kv_lines = "\n".join(line for line in got.output.splitlines()
                          if "KV cache" in line or "block size" in line or "max_num_batched_tokens" in line)
     assert ours == theirs, (
         f"{case.name} ({case.what}): planner (KV tokens, max concurrency, block) {ours} != vLLM's {theirs}\n"
-        f"planner: {' '.join(plan_command(config_json))}\n  -> {plan}\n"
+        f"planner: {' '.join(plan_command(config_json, case.block_size))}\n  -> {plan}\n"
         f"vLLM: {got.line}\n--- vLLM's KV lines ---\n{kv_lines}"
     )
 

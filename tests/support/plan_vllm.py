@@ -55,6 +55,7 @@ class PlanCase:
     spec: HFModelSpec
     what: str
     vllm_args: tuple[str, ...] = ()
+    block_size: int = BLOCK_SIZE  # --block-size, given to vLLM and the planner alike
 
 
 def _spec(model_type: str, layers: int = 4, **config: object) -> HFModelSpec:
@@ -77,7 +78,11 @@ CASES = (
     PlanCase("deepseek-v2-mla", _spec("deepseek_v2", kv_lora_rank=64, q_lora_rank=None, qk_rope_head_dim=32,
                                       qk_nope_head_dim=32, v_head_dim=64, n_routed_experts=4, n_shared_experts=1,
                                       num_experts_per_tok=2, moe_intermediate_size=128, first_k_dense_replace=1),
-             "MLA: one latent of 64 + 32 values per token per layer; shared experts, a dense first layer"),
+             "MLA: one latent of 64 + 32 values per token per layer; shared experts, a dense first layer",
+             # vLLM picks its MLA backend by CPU: AMX_MLA (blocks a multiple of 32) where the CPU has AMX, else the
+             # reference CPU_MLA, which forces 16-token blocks (vllm/platforms/cpu.py). Asking for CPU_MLA and 16
+             # makes the case the same on every CPU: 10,000,000 bytes hold 813 blocks of 16, not 406 of 32.
+             ("--attention-backend", "CPU_MLA"), block_size=16),
     # The CPU build keeps the SSM state in float32 on CPUs with AVX512-BF16 whatever the config says
     # (vllm/platforms/cpu.py); saying float32 on both sides makes the case the same on every CPU.
     PlanCase("qwen3-next-hybrid",
@@ -103,7 +108,7 @@ class Logged:
 
 def start_for_figures(start: Start, case: PlanCase, timeout: float = 400.0) -> Logged:
     """Start ``vllm serve`` on the case's model with the fixed budget, read the KV line, stop it."""
-    config = vllm_config(case.spec, max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
+    config = vllm_config(case.spec, max_model_len=MAX_MODEL_LEN, block_size=case.block_size,
                          kv_cache_bytes=KV_BUDGET_BYTES, extra_env={"VLLM_CPU_CI_ENV": "1"},
                          extra=("--max-num-batched-tokens", str(BATCHED_TOKENS), *case.vllm_args))
     proc = start(config.command(), env=config.env(), timeout=timeout, ready_pattern=KV_LINE)
@@ -115,7 +120,7 @@ def start_for_figures(start: Start, case: PlanCase, timeout: float = 400.0) -> L
         proc.stop()
     blocks = re.findall(BLOCK_LINE, output)
     return Logged(line=match.group(0), kv_cache_tokens=int(match.group("tokens").replace(",", "")),
-                  max_concurrency=match.group("conc"), block_size=int(blocks[-1]) if blocks else BLOCK_SIZE,
+                  max_concurrency=match.group("conc"), block_size=int(blocks[-1]) if blocks else case.block_size,
                   output=output)
 
 
@@ -138,16 +143,16 @@ def start_all(start: Start, parallel: int = PARALLEL_STARTS) -> dict[str, Logged
         return dict(zip((case.name for case in CASES), pool.map(one, CASES)))
 
 
-def plan_command(config_json: Path) -> list[str]:
+def plan_command(config_json: Path, block_size: int = BLOCK_SIZE) -> list[str]:
     """``sweetspot plan`` with the inputs vLLM was started with (the CPU build: one batch in flight)."""
     return sweetspot("plan", "--hf-config", str(config_json), "--kv-cache-gb", repr(KV_BUDGET_BYTES / GIB),
-                     "--context", str(MAX_MODEL_LEN), "--vllm-block-size", str(BLOCK_SIZE),
+                     "--context", str(MAX_MODEL_LEN), "--vllm-block-size", str(block_size),
                      "--max-num-batched-tokens", str(BATCHED_TOKENS), "--vllm-concurrent-batches", "1", "--json")
 
 
-def planned(config_json: Path) -> dict[str, Any]:
-    """The vLLM view ``sweetspot plan --json`` gives for the case's budget and context."""
-    done = subprocess.run(plan_command(config_json), capture_output=True, text=True, timeout=120)
+def planned(config_json: Path, block_size: int = BLOCK_SIZE) -> dict[str, Any]:
+    """The vLLM view ``sweetspot plan --json`` gives for the case's budget, context and block size."""
+    done = subprocess.run(plan_command(config_json, block_size), capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise AssertionError(f"sweetspot plan failed ({done.returncode}): {done.stderr}")
     view = json.loads(done.stdout)["gpus"][0]["vllm"]
@@ -169,6 +174,7 @@ def record() -> dict[str, Any]:
             "what": case.what,
             "config": json.loads((ensure_model(case.spec) / "config.json").read_text()),
             "vllm_args": list(case.vllm_args),
+            "vllm_block_size": case.block_size,
             "logged": logged.line,
             "kv_cache_tokens": logged.kv_cache_tokens,
             "max_concurrency": logged.max_concurrency,

@@ -78,15 +78,14 @@ class Budget:
 
     @property
     def output_len(self) -> LengthDist:
-        length = parse_length(self.output)
-        if length.kind not in ("fixed", "uniform"):
-            raise ValueError(f"the output length {self.output!r} has no longest: use N or A..B")
-        return length
+        return parse_length(self.output)
 
     @property
     def longest_output(self) -> int:
-        length = self.output_len
-        return int(length.b if length.kind == "uniform" else length.a)
+        longest = self.output_len.longest
+        if longest is None:
+            raise ValueError(f"the output length {self.output!r} has no longest: use N or A..B")
+        return longest
 
     @property
     def blocks_each(self) -> int:

