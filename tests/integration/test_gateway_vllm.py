@@ -13,9 +13,12 @@ test fails saying so; none is skipped.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import openai
@@ -268,20 +271,34 @@ async def test_hundreds_of_streams_keep_their_connection_and_lose_nothing(config
 HANG_UP_ATTEMPTS = 5
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """No garbage collection in this process inside the block. The hang-up is timed in the test process, so a
+    pause of that process counts as the gateway's, and a full collection of a long pytest session is one: up to
+    264 ms each, on a quiet machine, in a session of the unit and scenario tests (docs/vllm.md)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def hang_up_at_first_token(gateway: str, url: str, asked: int) -> tuple[float, float, float]:
     """One streamed completion of ``asked`` tokens, closed by its client at the first token: (tokens vLLM
     made for it, seconds from the hang-up until the gateway held no permit, until vLLM ran nothing)."""
     wait_for(lambda: idle(url), 30, "vLLM idle before the hang-up")
     generated_before = vllm_metric(url, "vllm:generation_tokens_total")
-    stream = sdk(gateway).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=asked, stream=True,
-                                             extra_body={"ignore_eos": True})
-    for chunk in stream:
-        if any(choice.text for choice in chunk.choices):
-            break
-    hung_up = time.monotonic()
-    stream.close()
-    wait_for(lambda: upstream_state(gateway, url)["inflight"] == 0, 5, "the gateway releasing the permit")
-    released_after = time.monotonic() - hung_up
+    with collector_paused():
+        stream = sdk(gateway).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=asked,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        for chunk in stream:
+            if any(choice.text for choice in chunk.choices):
+                break
+        hung_up = time.monotonic()
+        stream.close()
+        wait_for(lambda: upstream_state(gateway, url)["inflight"] == 0, 5, "the gateway releasing the permit")
+        released_after = time.monotonic() - hung_up
     wait_for(lambda: vllm_metric(url, "vllm:num_requests_running") == 0, 30, "vLLM ending the request")
     ended_after = time.monotonic() - hung_up
     return vllm_metric(url, "vllm:generation_tokens_total") - generated_before, released_after, ended_after
