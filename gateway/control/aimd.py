@@ -41,12 +41,13 @@ from gateway.control.knee import CLIMB_STEP, clearly_below, knee_target, paid, p
 from gateway.control.meter import Readings
 from gateway.control.observation import Observation
 from gateway.control.reprobe import Probe, Reprobe
-from gateway.control.share import cap_share, fair_share, over_fair_share, share_move
+from gateway.control.share import cap_share, follow_target, leading, room_share
 from gateway.control.signals import CongestionDetector, Signal
 from gateway.control.tpot import TpotPredictor
 
 _DWELL_READINGS = 3  # settled readings at a limit before the curve may move it a little
 _FAR = 0.2  # ... but a knee this far below (share of the limit) is acted on after one reading
+_REGROUP = 0.2  # a leader's part of the replicas' demand moving this much (relative) means another fleet
 
 
 class Aimd:
@@ -73,8 +74,8 @@ class Aimd:
         self._tpot = TpotPredictor(config.min_samples)
         self._kv_room = KvRoom(config.window_s)
         self._detail: dict[str, Any] = {}
+        self._part: float | None = None  # leading other replicas: its part of their demand (see _lead)
         self._blocked_by: Reason | None = None
-        self._shared_at: float | None = None
 
     @property
     def limit(self) -> int:
@@ -110,9 +111,12 @@ class Aimd:
             return self._hold(obs, Reason.NO_DEMAND)
         if signals:
             return self._congested(obs, signals, lo, bottleneck)
-        shared = self._share(obs, lo, hi, bottleneck)
-        if shared is not None:
-            return shared
+        followed = self._follow(obs, lo, hi, bottleneck)
+        if followed is not None:
+            return followed
+        regrouped = self._lead(obs, lo, hi)
+        if regrouped is not None:
+            return regrouped
         if not bottleneck:
             if self._probe is not None and self._probe.kind == Phase.CRUISE:
                 self._probe.interrupted = True
@@ -213,15 +217,13 @@ class Aimd:
 
     # --- the knee search -------------------------------------------------------------------------
     def _top(self, obs: Observation, hi: int) -> int:
-        """The highest limit an increase may go to now: bounds, the ceiling, the KV cache's room, and the
-        other replicas' shares."""
+        """The highest limit an increase may go to now: bounds, the ceiling, and this replica's part of
+        the KV cache's room (the followers step up with it)."""
         if self._blocked_by is not None:
             return self._limit  # inside a signal's hysteresis band: no increase at all
-        if over_fair_share(self._limit, _demand(obs), obs.peers, self.config.metrics_stale_s):
-            return self._limit  # a step up would take room from a replica under its share
         ceiling = self._ceiling.at(obs.now)
         top = hi if ceiling is None else max(min(hi, ceiling), self.config.limit_min)
-        room = self._kv_room.room(obs, self.config)
+        room = self._room(obs)
         if room is not None:
             top = min(top, max(self._limit + room, self._limit))
         return top
@@ -322,36 +324,67 @@ class Aimd:
         return self._begin(obs, target, Phase.CLIMB if climbing else Phase.CRUISE, Reason.PROBE)
 
     def _yield(self, obs: Observation, lo: int, *, room_to_grow: bool) -> Decision | None:
-        """Give a probe step back to the others: over its demand-weighted share when the other replicas'
-        numbers are known (``share.fair_share``), else on a full backend that runs clearly more of ours
-        than of everyone else's (``capacity.over_share``)."""
-        step = probe_step(self.config, self._limit)
-        share = fair_share(self._limit, _demand(obs), obs.peers, self.config.metrics_stale_s)
-        known = obs.peers is not None and obs.peers.age_s <= self.config.metrics_stale_s
-        over = share is not None and share < self._limit if known else over_share(
-            obs, self.config, room_to_grow=room_to_grow)
-        if not over or self._limit - step < lo:
+        """Give a probe step back to the others on a full backend that runs clearly more of ours than of
+        everyone else's (``capacity.over_share``). Not where the other replicas' numbers are known: there
+        the leader's search sizes them all, and demand splits it (``_follow``)."""
+        if obs.peers is not None and obs.peers.age_s <= self.config.metrics_stale_s:
             return None
-        if share is not None:
-            step = min(step, self._limit - share)
+        step = probe_step(self.config, self._limit)
+        if not over_share(obs, self.config, room_to_grow=room_to_grow) or self._limit - step < lo:
+            return None
         self._reprobe.after(self.config.reprobe_s)
         return self._change(obs, self._limit - step, Reason.FAIR_SHARE)
 
-    def _share(self, obs: Observation, lo: int, hi: int, bottleneck: bool) -> Decision | None:
-        """Move to this replica's demand-weighted share of all replicas' limits, at most once a window
-        (``share.share_move`` says when and where; over its share with room, ``_yield`` steps instead)."""
-        if self._shared_at is not None and obs.now - self._shared_at < self.config.window_s:
+    def _room(self, obs: Observation) -> int | None:
+        """This replica's part of the KV cache's room for more requests (all of it alone), None if unknown."""
+        room = self._kv_room.room(obs, self.config)
+        return None if room is None else room_share(room, _demand(obs), obs.peers, self.config.metrics_stale_s)
+
+    def _lead(self, obs: Observation, lo: int, hi: int) -> Decision | None:
+        """As the leader (``share.leading``): when its part of the replicas' demand moves by more than
+        ``_REGROUP`` (a replica joined or left), keep the fleet's limit by scaling its own, and its
+        curve with it (``Curve.regroup``). Becoming the leader starts its curve afresh: it was measured
+        at an unknown part, or alone."""
+        part = leading(self._limit, _demand(obs), obs.peers, self.config.metrics_stale_s)
+        if part is None:
+            if obs.peers is None or obs.peers.leader is not None:
+                self._part = None  # alone, or following: a leader's part is taken afresh
             return None
-        probe = self._probe
-        target = share_move(self._limit, _demand(obs), obs.peers, self.config.metrics_stale_s, lo=lo, hi=hi,
-                            bottleneck=bottleneck, probing_up=probe is not None and probe.direction > 0,
-                            exploring=probe is not None, room=self._kv_room.room(obs, self.config))
+        if self._part is None:
+            self._part = part
+            self._curve.clear()
+            return None
+        if abs(part - self._part) <= _REGROUP * self._part:
+            return None
+        factor = part / self._part
+        target = min(max(round(self._limit * factor), lo), hi)
+        self._part = part
+        self._curve.regroup(factor)
+        self._probe = None
+        self._detail["regrouped"] = round(part, 3)
+        return self._change(obs, target, Reason.FOLLOW) if target != self._limit else None
+
+    def _follow(self, obs: Observation, lo: int, hi: int, bottleneck: bool) -> Decision | None:
+        """As a follower (``share.follow_target``), move with the leading replica every tick, and search
+        no knee of its own: None where this replica leads or is alone. Up only while its limit is the
+        bottleneck (idle never moves a limit up) and into its part of the KV room."""
+        target = follow_target(self._limit, _demand(obs), obs.peers, self.config.metrics_stale_s)
         if target is None:
             return None
         self._probe = None
-        self._shared_at = obs.now
-        self._detail["fair_share"] = target
-        return self._change(obs, target, Reason.FAIR_SHARE)
+        self._phase = Phase.CRUISE
+        self._ssthresh = None
+        target = min(max(target, lo), hi)
+        self._detail["follow"] = target
+        if target > self._limit:
+            room = self._room(obs)
+            if not bottleneck:
+                target = self._limit
+            elif room is not None:
+                target = min(target, self._limit + max(room, 0))
+        if target == self._limit:
+            return self._hold(obs, Reason.FOLLOW)
+        return self._change(obs, target, Reason.FOLLOW)
 
     def _judge(self, obs: Observation, rate: float, lo: int, hi: int) -> Decision:
         """A step was measured (the curve already holds the reading): keep going, or settle."""

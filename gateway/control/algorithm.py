@@ -57,6 +57,7 @@ class Reason(str, Enum):
     CEILING = "ceiling"  # the next step up would retry a limit that recently caused congestion
     HEADROOM_NEAR = "headroom_near"  # a headroom signal is inside its hysteresis band
     FAIR_SHARE = "fair_share"  # yielding a step to other clients of a full backend
+    FOLLOW = "follow"  # a replica moving with the replica that searches for all of them, by demand
 
 
 @dataclass(frozen=True, slots=True)

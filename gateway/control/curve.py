@@ -204,6 +204,26 @@ class Curve:
         """Drop readings at limits above ``limit`` (they ran into congestion: not attainable)."""
         self.points = {key: point for key, point in self.points.items() if key <= limit}
 
+    def regroup(self, factor: float) -> None:
+        """Scale every reading's limit and throughput by ``factor``: this gateway's part of a backend it
+        shares changed, and a limit of it now stands for the backend's level ``factor`` times lower,
+        where its part of the same throughput is ``factor`` times larger. Readings landing on one limit
+        pool by weight."""
+        points: dict[int, Point] = {}
+        for key, point in sorted(self.points.items()):
+            new_key = max(1, round(key * factor))
+            scaled = Point(point.mean * factor, point.weight, point.count, point.at, point.settled)
+            have = points.get(new_key)
+            if have is None or (scaled.settled and not have.settled):
+                points[new_key] = scaled
+            elif scaled.settled or not have.settled:
+                weight = have.weight + scaled.weight
+                have.mean = (have.mean * have.weight + scaled.mean * scaled.weight) / weight
+                have.weight = min(weight, float(MAX_WEIGHT))
+                have.count += scaled.count
+                have.at = max(have.at, scaled.at)
+        self.points = points
+
     def clear(self) -> None:
         self.points = {}
 

@@ -177,7 +177,8 @@ class Observation:
         out: dict[str, Any] = {}
         if self.peers is not None:
             out["peers"] = {"replicas": self.peers.replicas, "demand": round(self.peers.demand, 2),
-                            "limit": self.peers.limit, "age_s": round(self.peers.age_s, 2)}
+                            "limit": self.peers.limit, "age_s": round(self.peers.age_s, 2),
+                            "leader": None if self.peers.leader is None else self.peers.leader.replica}
         for name, value in asdict(self).items():
             if name in ("gpus", "token_spans", "peers"):
                 continue

@@ -1,26 +1,27 @@
-"""The demand-weighted fair share of a backend that several gateway replicas feed.
+"""Replicas sharing a backend: one of them searches for the knee, the others move with it by demand.
 
-Each replica judges slots by its own throughput, and its own throughput rises with its share of the
-backend whatever the backend's total does, so replicas at their knees keep whatever split the race at
-start-up gave them. From the backend's own metrics a replica sees how many requests run in all and how
-many of them are its own, but not how many requests the *others* hold queued: the queues are in the
-gateways. "They have little demand" and "they have much demand and small limits" look the same from
-the backend, so with more than two replicas, or uneven demand, the fair split cannot be inferred; it
-needs each replica's demand. :class:`Peers` is what the other replicas last published (shared state,
-``gateway.server.share_board``), and :func:`fair_share` turns it into this replica's share of the
-limits all replicas hold together, in proportion to demand: each waiting client gets the same share of
-the backend whichever replica the load balancer sent it to.
+Each replica that judged slots by its own throughput would see a step up pay whatever the backend's
+total did, because the slots it adds are partly taken from the others: their sum settles well above one
+gateway's knee, in whatever split the race at start-up gave. The backend's own metrics cannot fix the
+split either: they show how many requests run in all, but not how many the *others* hold queued, so
+with more than two replicas, or uneven demand, a fair split needs each replica's demand.
 
-The sum of the limits is still found by every replica's own knee search; this rule only moves slots
-between replicas, so the sum stays where the searches put it.
+So with shared state (``gateway.server.share_board``) the replicas publish their demand (in flight
+plus queued) and limit each tick, and :class:`Peers` carries the others' last entries. Of the replicas
+whose limit binds (demand at or over it), the one with the lowest id *leads*: it searches for the knee
+with its own readings, as a lone gateway does. Every other replica *follows*: its limit is the leader's,
+scaled by demand (:func:`follow_target`), so each waiting client gets the same share of the backend
+whichever replica the load balancer sent it to. Because everyone moves with the leader, a step the
+leader measures is a step of the whole fleet, and its own throughput rises or falls in proportion to
+the backend's: its curve is the backend's curve, seen through its share. Nobody needs to know N.
+
+A leader that goes away (scaled down, killed) stops counting when its entry goes stale, and the next
+lowest id leads; without shared state every replica searches on its own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-# Outside this share of the fair share a replica moves to it (the scenarios' bound is 25%).
-SHARE_SLACK = 0.15
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +31,19 @@ class Entry:
     demand: float
     limit: int
     at: float  # when it published them, on the reader's clock
+    replica: str = ""  # its id: the order that picks the leader
+
+    @property
+    def binding(self) -> bool:
+        """Its limit is what holds its clients back: a knee search there measures something."""
+        return self.demand > 0 and self.demand >= self.limit
 
 
 @dataclass(frozen=True, slots=True)
 class Peers:
     """The other replicas of the same upstream as they last published themselves: how many, their
-    demand (in flight plus queued, summed), the limits they use (summed), and the oldest entry's age.
+    demand (in flight plus queued, summed), the limits they use (summed), the oldest entry's age, and
+    the leading replica's entry when another replica leads (None: this one leads, or nobody does).
 
     A limit counts only up to its replica's demand: an idle replica's limit is no share of anything,
     and counting it would hand its slots to the busy ones twice over."""
@@ -44,45 +52,57 @@ class Peers:
     demand: float
     limit: int
     age_s: float
+    leader: Entry | None = None
 
     @classmethod
-    def of(cls, entries: list[Entry], now: float) -> "Peers | None":
+    def of(cls, entries: list[Entry], now: float, me: Entry | None = None) -> "Peers | None":
+        """The others' ``entries`` as seen by ``me`` (this replica's own entry, for the leader's choice)."""
         if not entries:
             return None
         used = sum(min(e.limit, max(round(e.demand), 0)) for e in entries)
-        return cls(len(entries), sum(e.demand for e in entries), used, max(now - min(e.at for e in entries), 0.0))
+        candidates = [e for e in entries if e.binding] + ([me] if me is not None and me.binding else [])
+        leader = min(candidates, key=lambda e: e.replica, default=None)
+        return cls(len(entries), sum(e.demand for e in entries), used, max(now - min(e.at for e in entries), 0.0),
+                   None if leader is me else leader)
 
 
-def _share(limit: int, demand: float, peers: Peers | None, stale_s: float) -> float | None:
-    """This replica's demand-weighted part of all replicas' limits together, unrounded, or None when
-    there is nothing to share: no peers, stale entries, no demand, or every replica's demand fits (no
-    contention to split)."""
-    if peers is None or peers.replicas <= 0 or peers.age_s > stale_s or demand <= 0:
+def _known(peers: Peers | None, stale_s: float) -> bool:
+    return peers is not None and peers.replicas > 0 and peers.age_s <= stale_s
+
+
+def follow_target(limit: int, demand: float, peers: Peers | None, stale_s: float) -> int | None:
+    """The limit this replica moves to as a follower: the leader's limit scaled by this replica's demand
+    over the leader's. None where this replica searches on its own: no fresh peers, it leads, it has no
+    demand, or the replicas' demand fits their limits (nothing to share)."""
+    if not _known(peers, stale_s) or demand <= 0:
         return None
-    total_demand = demand + peers.demand
-    total_limit = limit + peers.limit
-    if total_demand <= total_limit:
+    assert peers is not None
+    leader = peers.leader
+    if leader is None or demand + peers.demand <= limit + peers.limit:
         return None
-    return total_limit * demand / total_demand
+    return max(1, round(leader.limit * demand / leader.demand))
 
 
-def fair_share(limit: int, demand: float, peers: Peers | None, stale_s: float) -> int | None:
-    """This replica's demand-weighted share of all replicas' limits, rounded, or None when there is
-    nothing to share (see :func:`_share`) or the limit is already within the slack."""
-    share = _share(limit, demand, peers, stale_s)
-    if share is None or abs(limit - share) <= SHARE_SLACK * share:
+def leading(limit: int, demand: float, peers: Peers | None, stale_s: float) -> float | None:
+    """This replica's part of all replicas' demand while it leads them (fresh peers, none of them the
+    leader, and more demand than limits), or None. The leader's limit stands for the fleet's limit
+    times this part, so when the part changes (a replica joins or leaves, demand shifts), the same
+    limit means another fleet."""
+    if not _known(peers, stale_s) or demand <= 0:
         return None
-    return max(1, round(share))
+    assert peers is not None
+    if peers.leader is not None or demand + peers.demand <= limit + peers.limit:
+        return None
+    return demand / (demand + peers.demand)
 
 
-def over_fair_share(limit: int, demand: float, peers: Peers | None, stale_s: float) -> bool:
-    """Whether this replica holds more than its demand-weighted share of all replicas' limits while
-    their demand exceeds what they hold together: then its own knee search does not take it higher. Its
-    own throughput rises with any slot it adds, taken from the others or not, so by its own readings a
-    step up from over its share pays, while it keeps a replica under its share (one that just joined)
-    from growing into the room. At or under its share it searches as before, so the sum still moves."""
-    share = _share(limit, demand, peers, stale_s)
-    return share is not None and limit > share
+def _fraction(demand: float, peers: Peers | None, stale_s: float) -> float | None:
+    """This replica's part of all replicas' demand, or None alone, with stale peers, or with no demand."""
+    if not _known(peers, stale_s):
+        return None
+    assert peers is not None
+    everyone = demand + peers.demand
+    return None if everyone <= 0 else demand / everyone
 
 
 def cap_share(hard_cap: int, demand: float, peers: Peers | None, stale_s: float) -> int:
@@ -90,38 +110,12 @@ def cap_share(hard_cap: int, demand: float, peers: Peers | None, stale_s: float)
     backend's, not each replica's, so with peers known each holds its demand-weighted part of it,
     rounded down, so the parts never add up to more than the backend admits. A replica with no demand
     keeps one slot to notice demand with."""
-    if peers is None or peers.replicas <= 0 or peers.age_s > stale_s:
-        return hard_cap
-    total = demand + peers.demand
-    if total <= 0:
-        return hard_cap
-    return max(1, int(hard_cap * demand / total))
+    fraction = _fraction(demand, peers, stale_s)
+    return hard_cap if fraction is None else max(1, int(hard_cap * fraction))
 
 
-def share_move(limit: int, demand: float, peers: Peers | None, stale_s: float, *, lo: int, hi: int,
-               bottleneck: bool, probing_up: bool, exploring: bool, room: int | None) -> int | None:
-    """The limit this replica moves to for its demand-weighted share now, or None to leave it be.
-
-    Up at once, and out of a step down that was exploring below it: a share is room the others leave,
-    not a point on this replica's curve. Down only when the backend is full, where the slots given are
-    the ones the others take (with room left, giving slots away would only follow another replica's
-    exploratory step down; over its share, a replica with room yields a step at its next re-probe
-    instead), or when this replica does not use its limit (slots it holds unused are slots another
-    replica's clients queue for). ``room``: the KV cache's room for more requests (None: unknown);
-    ``probing_up``/``exploring``: a step up, or any probe, is under way."""
-    target = fair_share(limit, demand, peers, stale_s)
-    if target is None:
-        return None
-    # Not held under this replica's ceiling: a step up to a share moves slots between replicas
-    # and leaves the backend's total where it was; the ceiling is about the total.
-    target = min(max(target, lo), hi)
-    if target > limit:
-        if not bottleneck:
-            return None  # idle never moves the limit up
-        if probing_up:
-            return None  # a step up under way: judged first
-        if room is not None:
-            target = min(target, limit + max(room, 0))  # what the others left, not more
-    elif bottleneck and (exploring or (room is not None and room > 0)):
-        return None
-    return None if target == limit else target
+def room_share(room: int, demand: float, peers: Peers | None, stale_s: float) -> int:
+    """This replica's demand-weighted part of the KV cache's room for more requests, rounded down: the
+    room is the backend's, and every replica that steps up takes from it."""
+    fraction = _fraction(demand, peers, stale_s)
+    return room if fraction is None or room <= 0 else int(room * fraction)

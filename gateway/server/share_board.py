@@ -2,7 +2,9 @@
 
 Each control tick a replica writes its entry for every upstream (in flight plus queued, its limit, the
 wall-clock time) into one Redis hash per upstream and reads the others' back, in one round trip; the
-controller turns them into its demand-weighted share (:mod:`gateway.control.share`). Wall-clock time,
+controller reads from them whether it leads the replicas' knee search or follows the leader's limit,
+scaled by demand (:mod:`gateway.control.share`); the fields are the replicas' ids, whose order picks the
+leader. Wall-clock time,
 because the entries cross hosts: an entry older than ``share_ttl_s`` is ignored and deleted, so a replica
 that went away (scaled down, killed) stops counting within that time, and the hash itself expires when
 nobody writes it.
@@ -84,7 +86,7 @@ class ShareBoard:
         if self.failing:
             log.info("shared state back")
             self.failing = False
-        return Peers.of(entries, now)
+        return Peers.of(entries, now, Entry(demand, limit, now, self.replica))
 
     async def leave(self) -> None:
         """Remove this replica's entries (on shutdown), so the others take its share at once."""
@@ -110,7 +112,7 @@ def _parse(raw: dict[bytes, bytes], me: str, now: float, ttl_s: float) -> tuple[
             continue
         try:
             demand, limit, at = value.decode().split()
-            entry = Entry(float(demand), int(limit), float(at))
+            entry = Entry(float(demand), int(limit), float(at), field.decode())
         except (ValueError, UnicodeDecodeError):
             stale.append(field)
             continue

@@ -5,7 +5,8 @@ the slots, each holds its demand-weighted part of what they hold together, and n
 Each gateway reads the slot count (its hard cap) from llama-server's ``/props``; alone, each would hold
 all the slots and the server would queue the rest itself. With the others' demand known, each holds its
 demand-weighted part of the cap, rounded down (``gateway.control.share.cap_share``), and of the limits
-all of them hold (``gateway.control.share.fair_share``).
+all of them hold: the lowest-id gateway whose limit binds searches, the others follow its limit scaled
+by demand (``gateway.control.share.follow_target``).
 
 What the numbers are chosen for:
 

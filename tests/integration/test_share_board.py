@@ -20,10 +20,12 @@ def test_replicas_see_each_other_and_stale_entries_go(processes) -> None:
         assert await a.exchange("http://backend:8000", 40, 30) is None  # alone so far
         peers = await b.exchange("http://backend:8000", 20, 12)
         assert peers is not None and (peers.replicas, peers.demand, peers.limit) == (1, 40, 30)
+        assert peers.leader is not None and peers.leader.replica == "a"  # the lowest id whose limit binds
         assert await b.exchange("http://other:8000", 5, 5) is None  # upstreams do not mix
         await c.exchange("http://backend:8000", 10, 4)
         peers = await a.exchange("http://backend:8000", 40, 30)
         assert peers is not None and (peers.replicas, peers.demand, peers.limit) == (2, 30, 16)
+        assert peers.leader is None  # a leads
         clock[0] += 11  # b and c stop publishing: after the TTL they no longer count
         assert await a.exchange("http://backend:8000", 40, 30) is None
         await c.exchange("http://backend:8000", 10, 4)

@@ -81,3 +81,11 @@ def test_without_shared_state_four_replicas_keep_an_unfair_split() -> None:
     scenario = replace(by_name("replicas_4"), shared=False)
     [result] = run(scenario)
     assert any("fair share" in failure for failure in result.failures)
+
+
+def test_without_shared_state_two_replicas_sum_above_the_band() -> None:
+    """Each replica judging slots by its own throughput sees a step pay when the slots come from the
+    other: their sum settles above one gateway's band. With shared state one of them leads the search and
+    the other follows (``gateway.control.share``), and ``sum_in_band`` holds."""
+    [result] = run(replace(by_name("replicas_2"), shared=False))
+    assert any("outside the band" in failure for failure in result.failures)

@@ -478,12 +478,14 @@ class Harness:
         """Publish this gateway's demand and limit on the board, and read the others' back."""
         if self.board is None:
             return None
-        self._publish(g, gw)
-        return Peers.of([entry for other, entry in self.board.items() if other != g], self.now)
+        me = self._publish(g, gw)
+        return Peers.of([entry for other, entry in self.board.items() if other != g], self.now, me)
 
-    def _publish(self, g: int, gw: _Gateway) -> None:
+    def _publish(self, g: int, gw: _Gateway) -> Entry:
+        entry = Entry(gw.inflight + gw.queued(), gw.limit, self.now, f"gw{g:03d}")
         if self.board is not None and g not in self.gone:
-            self.board[g] = Entry(gw.inflight + gw.queued(), gw.limit, self.now)
+            self.board[g] = entry
+        return entry
 
     def restart(self, g: int) -> None:
         """Gateway ``g`` starts afresh (a new pod, or one restarted): a new controller at the initial
