@@ -143,14 +143,14 @@ def start_all(start: Start, parallel: int = PARALLEL_STARTS) -> dict[str, Logged
         return dict(zip((case.name for case in CASES), pool.map(one, CASES)))
 
 
-def plan_command(config_json: Path, block_size: int = BLOCK_SIZE) -> list[str]:
+def plan_command(config_json: Path, block_size: int) -> list[str]:
     """``sweetspot plan`` with the inputs vLLM was started with (the CPU build: one batch in flight)."""
     return sweetspot("plan", "--hf-config", str(config_json), "--kv-cache-gb", repr(KV_BUDGET_BYTES / GIB),
                      "--context", str(MAX_MODEL_LEN), "--vllm-block-size", str(block_size),
                      "--max-num-batched-tokens", str(BATCHED_TOKENS), "--vllm-concurrent-batches", "1", "--json")
 
 
-def planned(config_json: Path, block_size: int = BLOCK_SIZE) -> dict[str, Any]:
+def planned(config_json: Path, block_size: int) -> dict[str, Any]:
     """The vLLM view ``sweetspot plan --json`` gives for the case's budget, context and block size."""
     done = subprocess.run(plan_command(config_json, block_size), capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
