@@ -9,7 +9,8 @@ Checks (the issue's acceptance criteria):
 
 - ``converge``: within ``CONVERGE_S`` of the phase start the limit enters the band of +-20% around the
   oracle's sweet spot, and from then on stays in it for at least ``IN_BAND_SHARE`` of the phase's
-  ticks (probes step out of it briefly by design) with its median inside it.
+  ticks (probes step out of it briefly by design) with its median inside it. With several gateways, the
+  limit is their sum (those with clients).
 - ``goodput``: goodput within the objectives, from ``CONVERGE_S`` after the phase start to its end, is at
   least ``GOODPUT_RATIO`` x the best static limit's.
 - ``tpot``: p99 TPOT over the same interval meets its objective.
@@ -70,7 +71,7 @@ WHOLE = replace(CHAT, streamed=0.0)  # nobody streams: tokens show only when a r
 MIXED = replace(CHAT, streamed=0.5)
 OVERLOAD = (80,)
 FULL = ("converge", "goodput", "tpot")
-REPLICAS = ("fair", "sum_in_band", "goodput", "tpot")
+REPLICAS = ("fair", "converge", "sum_in_band", "goodput", "tpot")
 
 
 @dataclass(frozen=True, slots=True)
