@@ -70,15 +70,23 @@ def _known(peers: Peers | None, stale_s: float) -> bool:
     return peers is not None and peers.replicas > 0 and peers.age_s <= stale_s
 
 
+def _contended(limit: int, demand: float, peers: Peers | None, stale_s: float) -> bool:
+    """Fresh peers, demand here, and more demand in all than the replicas' limits hold: something to share."""
+    if not _known(peers, stale_s) or demand <= 0:
+        return False
+    assert peers is not None
+    return demand + peers.demand > limit + peers.limit
+
+
 def follow_target(limit: int, demand: float, peers: Peers | None, stale_s: float) -> int | None:
     """The limit this replica moves to as a follower: the leader's limit scaled by this replica's demand
     over the leader's. None where this replica searches on its own: no fresh peers, it leads, it has no
     demand, or the replicas' demand fits their limits (nothing to share)."""
-    if not _known(peers, stale_s) or demand <= 0:
+    if not _contended(limit, demand, peers, stale_s):
         return None
     assert peers is not None
     leader = peers.leader
-    if leader is None or demand + peers.demand <= limit + peers.limit:
+    if leader is None:
         return None
     return max(1, round(leader.limit * demand / leader.demand))
 
@@ -88,10 +96,10 @@ def leading(limit: int, demand: float, peers: Peers | None, stale_s: float) -> f
     leader, and more demand than limits), or None. The leader's limit stands for the fleet's limit
     times this part, so when the part changes (a replica joins or leaves, demand shifts), the same
     limit means another fleet."""
-    if not _known(peers, stale_s) or demand <= 0:
+    if not _contended(limit, demand, peers, stale_s):
         return None
     assert peers is not None
-    if peers.leader is not None or demand + peers.demand <= limit + peers.limit:
+    if peers.leader is not None:
         return None
     return demand / (demand + peers.demand)
 
