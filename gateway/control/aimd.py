@@ -19,8 +19,8 @@ Each tick, the first rule that applies decides:
    throughput, plus ``knee_margin``. Every ``reprobe_s`` of busy time one step beside it is measured
    (:mod:`gateway.control.reprobe`: which way, and rarer at the hard cap while the answer is known), so
    the curve, and a backend that got faster or slower, are found again. Steps up never take more than
-   3/4 of the KV room left (:mod:`gateway.control.capacity`), and a step whose reading predicts p99
-   TPOT over its objective (:mod:`gateway.control.tpot`) is undone at once.
+   3/4 of the KV room left, or the one sequence that fits whole (:mod:`gateway.control.capacity`), and a
+   step whose reading predicts p99 TPOT over its objective (:mod:`gateway.control.tpot`) is undone at once.
 
 Why throughput and not end-to-end latency: an LLM request's duration grows with its output length, so
 latency-gradient algorithms (Envoy's adaptive concurrency, Netflix Gradient2) read a shift to longer
@@ -302,7 +302,7 @@ class Aimd:
             return self._change(obs, target, Reason.KNEE)
         if not self._reprobe.due(at_cap=at_cap):
             return self._hold(obs, Reason.STEADY, next_probe_in_s=self._reprobe.in_s())
-        yielded = self._yield(obs, lo, room_to_grow=top > self._limit)
+        yielded = self._yield(obs, lo, room_to_grow=top > self._limit and not self._kv_room.full(obs, self.config))
         if yielded is not None:
             return yielded
         self._reprobe.begin()

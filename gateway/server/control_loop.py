@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import Gauge
 
 from gateway.control.algorithm import Decision, LimitAlgorithm, RequestObserver
+from gateway.control.capacity import kv_cap
 from gateway.control.config import AimdConfig
 from gateway.control.observation import GpuHeadroom, Headroom, LimiterState
 from gateway.control.controller import UpstreamControl
@@ -236,12 +236,9 @@ def hard_cap(snapshot: BackendSnapshot, upstream: Upstream, planned_kv_tokens: i
              max_seqs: int | None, now: float) -> int | None:
     """The most concurrency the upstream can hold: the smallest of what is known of its scheduler's own
     cap (llama-server's slots; vLLM's ``--max-num-seqs``, which it does not publish, so it comes from
-    ``backend_max_seqs``) and its KV capacity divided by the typical request's footprint (prompt + output
-    tokens of recent requests, the last known after an idle spell). Where the block size is known the
-    footprint counts whole blocks: vLLM gives a request whole blocks, from all but one of its blocks, so 128
-    blocks of 32 hold 15 requests of 232 tokens, not the 17 their tokens would fill. Past the scheduler's cap
-    requests only wait inside the backend, where the gateway can neither order nor time them out. None when
-    nothing is known."""
+    ``backend_max_seqs``) and how many typical requests its KV cache holds (``capacity.kv_cap``, from
+    recent requests, the last known after an idle spell). Past the scheduler's cap requests only wait
+    inside the backend, where the gateway can neither order nor time them out. None when nothing is known."""
     caps: list[int] = []
     if snapshot.total_slots:
         caps.append(int(snapshot.total_slots))
@@ -251,11 +248,7 @@ def hard_cap(snapshot: BackendSnapshot, upstream: Upstream, planned_kv_tokens: i
     footprint = upstream.request_footprint(now) if capacity else None
     if capacity and footprint is not None:
         block = snapshot.kv_block_size if snapshot.kv_capacity_tokens else None
-        if block:
-            usable_blocks = capacity // block - 1  # vLLM holds one block back as its null block
-            caps.append(max(usable_blocks // math.ceil(footprint / block), 1))
-        else:
-            caps.append(max(int(capacity // footprint), 1))
+        caps.append(kv_cap(capacity, block, footprint))
     return min(caps) if caps else None
 
 

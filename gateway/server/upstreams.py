@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.control.capacity import Footprint
 from gateway.control.window import SlidingWindow
 from gateway.server.admission import Limiter
 
@@ -35,19 +36,16 @@ class Upstream:
     # Streams may stay on pooled connections: set once the backend is known to keep a connection usable
     # after a streamed reply (vLLM). Until then, and for llama-server, streams ask for "Connection: close".
     streams_keep_alive: bool = False
-    _footprint: float | None = None
+    _footprint: Footprint | None = None
 
     @property
     def name(self) -> str:
         return self.url
 
-    def request_footprint(self, now: float) -> float | None:
-        """Tokens a typical request holds at its end (mean prompt + output of the window's requests), or the
-        last known figure when none ended within the window: after an idle spell the first requests still
-        meet the KV room their kind needs, not no bound at all."""
-        stats = self.window.stats(now)
-        if stats.mean_prompt_tokens is not None and stats.mean_output_tokens is not None:
-            self._footprint = max(stats.mean_prompt_tokens + stats.mean_output_tokens, 1.0)
+    def request_footprint(self, now: float) -> Footprint | None:
+        """The KV a typical request takes, from the window's requests (``Footprint.update``: the last known
+        when too few ended within it)."""
+        self._footprint = Footprint.update(self._footprint, self.window.samples(now))
         return self._footprint
 
     def mark_down(self, error: str, *, until: float = 0.0) -> None:

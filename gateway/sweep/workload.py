@@ -61,6 +61,13 @@ class LengthDist:
         return (self.a + self.b) / 2 if self.kind == "uniform" else self.a
 
     @property
+    def shortest(self) -> int:
+        """The shortest a draw can be (1 for normal and lognormal, whose draws are clamped there)."""
+        if self.kind == "fixed":
+            return max(1, int(round(self.a)))
+        return max(1, int(self.a)) if self.kind == "uniform" else 1
+
+    @property
     def longest(self) -> int | None:
         """The longest a draw can be; None for normal and lognormal, whose draws have no bound."""
         if self.kind == "fixed":

@@ -3,8 +3,9 @@ generated ``KNEE`` model) whose KV budget holds C = 11 requests of the workload,
 clients, and static limits of C and 2C measured in the same test (``tests/support/vllm_preemption.py`` says
 how, and why the prompts are 512 words and the answers' lengths spread).
 
-The controller must see static 2C preempt in the same test, settle at or below C, see at most one preemption
-a minute while judged, and deliver at least 0.9x each static limit's goodput (within a TTFT objective of 4 s,
+The controller must see static 2C preempt in the same test, settle at or below what the gateway's hard cap
+lets run (``Budget.fits``: 12, the requests out of step with room for three spreads of their KV), see at most
+one preemption a minute while judged, and deliver at least 0.9x each static limit's goodput (within a TTFT objective of 4 s,
 ``OBJECTIVES`` says why, and the gateway's TPOT objective), the median of round-by-round ratios over rotated
 rounds. ``bench/controller_vllm.py`` runs
 the same comparison longer, for whole answers too, and writes the figures docs/vllm.md shows.

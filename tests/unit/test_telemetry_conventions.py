@@ -89,7 +89,7 @@ def upstream_with_requests(prompt: int, output: int, count: int = 4) -> Upstream
 
 
 def test_hard_cap_is_the_smallest_known_real_limit() -> None:
-    upstream = upstream_with_requests(prompt=900, output=100)  # 1000 tokens a request
+    upstream = upstream_with_requests(prompt=900, output=100)  # 1000 tokens a request, answers of one length
     kv = BackendSnapshot(kind="vllm", kv_capacity_tokens=400_000)
     assert hard_cap(kv, upstream, None, None, now=10.0) == 400  # KV room alone
     # vLLM's --max-num-seqs is lower than what the KV cache holds: the scheduler's cap wins.
@@ -103,8 +103,9 @@ def test_hard_cap_is_the_smallest_known_real_limit() -> None:
 
 
 def test_hard_cap_counts_whole_kv_blocks() -> None:
-    # 232 tokens a request take 8 blocks of 32 (256 tokens), and vLLM keeps one block back (its null block):
-    # 128 blocks hold 127 // 8 = 15 such requests, not the 17 that 4,096 tokens / 232 would say.
+    # Answers of one length may run in step and are counted at their end (capacity.Footprint): 232 tokens
+    # a request take 8 blocks of 32 (256 tokens), and vLLM keeps one block back (its null block): 128 blocks
+    # hold 127 // 8 = 15 such requests, not the 17 that 4,096 tokens / 232 would say.
     upstream = upstream_with_requests(prompt=32, output=200)
     blocks = BackendSnapshot(kind="vllm", kv_capacity_tokens=128 * 32, kv_block_size=32)
     assert hard_cap(blocks, upstream, None, None, now=10.0) == 15
@@ -113,6 +114,17 @@ def test_hard_cap_counts_whole_kv_blocks() -> None:
     assert hard_cap(blocks, upstream, None, None, now=1000.0) == 15
     # A planned capacity (no scrape) has no block size to round by.
     assert hard_cap(BackendSnapshot(kind="vllm", kv_block_size=32), upstream, 4096, None, now=10.0) == 17
+
+
+def test_hard_cap_counts_answers_of_spread_lengths_at_their_lives_mean() -> None:
+    """The tests' vLLM budget (545-token prompts, 96-160-token answers, 264 blocks of 32): 11 fit at their
+    longest, 12 out of step with room for three spreads of their KV (capacity.kv_cap)."""
+    upstream = Upstream("http://a", Limiter("http://a", 8), SlidingWindow(60.0))
+    for i, output in enumerate(range(96, 161, 8)):
+        upstream.window.add(RequestSample(arrived=i, admitted=i, finished=i + 1.0, first_token=i + 0.1,
+                                          prompt_tokens=545, output_tokens=output, outcome=Outcome.OK))
+    budget = BackendSnapshot(kind="vllm", kv_capacity_tokens=264 * 32, kv_block_size=32)
+    assert hard_cap(budget, upstream, None, None, now=10.0) == 12
 
 
 @pytest.fixture

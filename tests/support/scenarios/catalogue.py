@@ -266,14 +266,15 @@ def _absorbed(per_gateway: list[list[tuple[float, int]]], demands: tuple[int, ..
 
 def run(scenario: Scenario, config: AimdConfig | None = None, *, algorithm: Callable[[], LimitAlgorithm] | None = None,
         static_limit: int | None = None, control_interval_s: float = 2.0, scrape_interval_s: float = 2.0,
-        count_at_end: bool = False, tenancy: Tenancy | None = None) -> list[PhaseResult]:
+        count_at_end: bool = False, tenancy: Tenancy | None = None, hard_cap: int | None = None) -> list[PhaseResult]:
     """Simulate ``scenario`` with the controller and judge every phase against its oracle.
 
     ``algorithm`` (a factory, one per gateway) or ``static_limit`` run something else in the
     controller's place, judged the same way: the comparison baselines (``bench/baselines.py``). They
     may tick and scrape at their own reference's pace. ``count_at_end``: see :class:`Harness`. ``tenancy``
     splits the clients between tenants queued fairly (the oracle's static runs stay one FIFO: the best
-    static limit does not depend on it)."""
+    static limit does not depend on it). ``hard_cap``: a fixed one in place of the gateway's own (the KV
+    cache's, from vLLM's published cache size and the recent requests)."""
     config = config or AimdConfig()
     profile = get_profile(scenario.profile)
     gateways = len(scenario.phases[0].conditions.clients)
@@ -283,7 +284,7 @@ def run(scenario: Scenario, config: AimdConfig | None = None, *, algorithm: Call
     harness = Harness(profile, config, gateways=gateways, seed=scenario.seed, initial_limit=scenario.initial_limit,
                       start=start_point, algorithm=algorithm, static_limit=static_limit,
                       control_interval_s=control_interval_s, scrape_interval_s=scrape_interval_s,
-                      count_at_end=count_at_end, shared=scenario.shared, tenancy=tenancy)
+                      count_at_end=count_at_end, shared=scenario.shared, tenancy=tenancy, hard_cap=hard_cap)
     results = []
     for phase in scenario.phases:
         start = harness.now

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from gateway.control.algorithm import LimitAlgorithm, RequestObserver
+from gateway.control.capacity import Footprint, kv_cap
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.observation import Headroom, LimiterState
 from gateway.control.controller import UpstreamControl
@@ -184,6 +185,7 @@ class _Gateway:
         self.holders: dict[str, Tenant] = {}  # each tenant's counts at this gateway, as the gateway keeps them
         self.reserve = Reserve(0.0)
         self.admitted_over = 0  # admissions that took in-flight above the limit (the rules allow none)
+        self.footprint: Footprint | None = None  # the last known, as ``Upstream.request_footprint`` keeps it
         if tenancy is not None:
             self.fair = FairQueue(tenancy.classes, discipline=tenancy.discipline,
                                   starvation_after=tenancy.starvation_after)
@@ -231,7 +233,9 @@ class Harness:
     With ``static_limit`` set, gateways hold that limit (the oracle's static runs); otherwise each
     runs an :class:`UpstreamControl` built from ``config``, stepping ``algorithm()`` instead of the
     controller when that is given (the comparison baselines). An algorithm that is also a
-    :class:`RequestObserver` hears of every request as it ends, and its answer is applied at once.
+    :class:`RequestObserver` hears of every request as it ends, and its answer is applied at once. Each
+    gateway's hard cap is the KV cache's, worked out as the gateway does from the published cache size and
+    its recent requests, unless ``hard_cap`` fixes one.
     """
 
     def __init__(
@@ -281,6 +285,7 @@ class Harness:
         self._busy: list[set[int]] = [set() for _ in range(gateways)]  # clients with a request out
         self._step_pending = False
         self._headroom = Headroom()
+        self._kv_published: tuple[int, int] | None = None  # (KV capacity in tokens, block size), once scraped
         # The replicas' shared state (what Redis holds between real gateways), one entry per gateway.
         self.board: dict[int, Entry] | None = {} if shared else None
         self._initial_limit, self._start, self._algorithm = initial_limit, start, algorithm
@@ -471,8 +476,21 @@ class Harness:
                 generation_tokens_live=counter,
                 backend_at=self.now,
             )
+            profile = self.profile
+            self._kv_published = (profile.num_gpu_blocks * profile.block_size, profile.block_size)
         elif mode == "none":
             self._headroom = Headroom()
+            self._kv_published = None
+
+    def _kv_cap(self, gw: _Gateway) -> int | None:
+        """The gateway's hard cap from the KV cache, worked out as ``control_loop.hard_cap`` does from what
+        vLLM publishes (``vllm:cache_config_info``: the profile's blocks, not a shrunk pool's) and the
+        gateway's recent requests."""
+        gw.footprint = Footprint.update(gw.footprint, gw.window.samples(self.now))
+        if self._kv_published is None or gw.footprint is None:
+            return None
+        capacity, block = self._kv_published
+        return kv_cap(capacity, block, gw.footprint)
 
     def _peers(self, g: int, gw: _Gateway) -> Peers | None:
         """Publish this gateway's demand and limit on the board, and read the others' back."""
@@ -495,6 +513,7 @@ class Harness:
                                      algorithm=None if self._algorithm is None else self._algorithm())
         gw.limit = gw.control.limit
         gw.window = SlidingWindow(self.config.window_s)
+        gw.footprint = None
         self.gone.discard(g)
         if self.board is not None:
             self.board.pop(g, None)
@@ -516,7 +535,8 @@ class Harness:
         if gw.control is not None:
             decision = gw.control.tick(
                 self.now, gw.window, limiter, self._headroom,
-                hard_cap=self.hard_cap, tokens_total=gw.window.tokens_total if self.count_at_end else None,
+                hard_cap=self.hard_cap if self.hard_cap is not None else self._kv_cap(gw),
+                tokens_total=gw.window.tokens_total if self.count_at_end else None,
                 peers=self._peers(g, gw),
             )
             action, reason = decision.action.value, decision.reason.value
