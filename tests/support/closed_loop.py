@@ -12,6 +12,7 @@ another's late ones.
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -212,9 +213,10 @@ class Comparison:
 
     @property
     def paired(self) -> dict[str, float]:
-        """Controller / static, round by round, the median over the rounds, for each static configuration."""
+        """Controller / static, round by round, the median over the rounds, for each static configuration. A
+        static run that delivered nothing (every request outside the objectives) counts as infinitely worse."""
         mine = self.runs["controller"]
-        return {name: statistics.median(c / s for c, s in zip(mine, values))
+        return {name: statistics.median(c / s if s > 0 else math.inf for c, s in zip(mine, values))
                 for name, values in self.runs.items() if name != "controller"}
 
     @property
