@@ -1,4 +1,5 @@
-"""The KV cache's room for more sequences, as the knee search reads it before stepping up."""
+"""The KV cache as the controller reads it: how many requests it holds (the hard cap), and the room for
+more sequences the knee search reads before stepping up."""
 
 from __future__ import annotations
 
