@@ -1,1 +1,1 @@
-"""Benchmarks: run each from the repository root as ``python -m bench.NAME`` (they import ``tests.support``)."""
+"""Benchmarks: run each from the repository root as ``python -m bench.NAME`` (they import ``testbed``)."""

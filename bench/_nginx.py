@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from gateway.demo.processes import RunningProcess, free_port, start_process
+from gateway.common.processes import RunningProcess, free_port, start_process
 
 CONFIG = """\
 worker_processes 1;

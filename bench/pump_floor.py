@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import cast
 from urllib.parse import urlsplit
 
-from gateway.server.serving import NumericConnectLoop  # (the gateway's own loop)
+from gateway.common.asgi_server import NumericConnectLoop  # (the gateway's own loop)
 
 
 class _Side(asyncio.Protocol):

@@ -40,7 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench._procs import start
-from gateway.demo.processes import LISTENING, RunningProcess
+from gateway.common.processes import LISTENING, RunningProcess
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 POLICIES = ("prefix", "least_loaded", "random")

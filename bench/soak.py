@@ -30,7 +30,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.demo.processes import LISTENING, RunningProcess, free_port, start_process, sweetspot
+from gateway.common.processes import LISTENING, RunningProcess, free_port, start_process, sweetspot
 
 CHAT = [{"role": "user", "content": "soak"}]
 FAULTS = ("restart", "slowdown", "error_storm", "hang_ups", "burst")

@@ -1,8 +1,8 @@
 """Tenants under the adaptive limit, side by side in one run: fair vs fifo, weights, classes, the scenarios.
 
-Everything runs in the scenario harness (:mod:`tests.support.scenarios.harness`): the simulator's
+Everything runs in the scenario harness (:mod:`testbed.scenarios.harness`): the simulator's
 continuous-batching engine on virtual time, the real controller (:mod:`gateway.control`) setting the limit,
-and the gateway's own queue discipline (:mod:`gateway.server.fair_queue`) in front of it. Deterministic,
+and the gateway's own queue discipline (:mod:`gateway.server.admission.fair_queue`) in front of it. Deterministic,
 and minutes of simulated load in seconds of CPU.
 
     .venv/bin/python -m bench.tenants                         # all four cases, table + docs/tenants.json
@@ -24,7 +24,7 @@ controller's limit holds; in-flight is above it only after the controller lowere
 * ``live``: the ``noisy`` case over HTTP (``sweetspot sim`` in real time, ``sweetspot serve``, aiohttp
   clients with two keys), 60 s measured after 30 s: slower and noisier, and only on a machine with cores
   to spare for 204 streams.
-* ``scenarios``: the controller's scenarios (tests/support/scenarios) without tenants, and with two
+* ``scenarios``: the controller's scenarios (testbed/scenarios) without tenants, and with two
   tenants 3:1 and three 3:1:2 (clients round robin): every phase's checks and goodput ratio.
 """
 
@@ -41,7 +41,7 @@ from typing import Any
 from gateway.control.config import AimdConfig
 from gateway.sim.profiles import DEFAULT_PROFILE, get_profile
 from gateway.settings import Settings
-from tests.support.scenarios.harness import Conditions, Finished, Harness, Tenancy, TenantSpec, Workload
+from testbed.scenarios.harness import Conditions, Finished, Harness, Tenancy, TenantSpec, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 #: A chat mix: prompts of 256-1024 tokens, answers of 64-384.
@@ -139,8 +139,8 @@ def _classes(reserve: float) -> dict[str, Any]:
 
 
 def scenarios() -> dict[str, Any]:
-    from tests.support.scenarios.catalogue import SCENARIOS
-    from tests.support.scenarios.catalogue import run as run_scenario
+    from testbed.scenarios.catalogue import SCENARIOS
+    from testbed.scenarios.catalogue import run as run_scenario
 
     runs = (("plain", None),
             ("tenants_3_1", Tenancy((TenantSpec("a", weight=3.0), TenantSpec("b", weight=1.0)))),
@@ -179,7 +179,7 @@ def live() -> dict[str, Any]:
     0.25, 0.5, 0.75, 1 s ...); the clients' TTFT is measured exactly."""
     import tempfile
 
-    from gateway.demo.processes import LISTENING, start_process, sweetspot
+    from gateway.common.processes import LISTENING, start_process, sweetspot
 
     out: dict[str, Any] = {}
     with start_process(sweetspot("sim", "--port", "0", "--seed", "1"), ready_pattern=LISTENING,

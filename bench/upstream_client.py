@@ -22,8 +22,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from gateway.server.upstream_client import STALE_RETRIES
-from gateway.server.resend import resend_if_stale
+from gateway.server.upstream.upstream_client import STALE_RETRIES
+from gateway.common.resend import resend_if_stale
 
 console = Console()
 CONCURRENCY = 16
@@ -106,7 +106,7 @@ def main() -> None:
     if args.upstream:
         url = args.upstream.rstrip("/")
     else:
-        from tests.support.llama_process import start_near_free_server
+        from testbed.llama_process import start_near_free_server
 
         server, url = start_near_free_server(parallel=CONCURRENCY)
     try:

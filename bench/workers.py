@@ -36,7 +36,7 @@ from rich.table import Table
 from bench._nginx import start_nginx
 from bench._procs import cpu_seconds, gateway_cmd, start
 from bench.overhead import Run, first_model, load, start_llama
-from gateway.demo.processes import LISTENING
+from gateway.common.processes import LISTENING
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 

@@ -321,7 +321,7 @@ class Settings(BaseSettings, ControllerKnobs):
     @field_validator("algorithm")
     @classmethod
     def _algorithm_form(cls, value: str | None) -> str | None:
-        """The form only; whether it imports is checked when the server starts (gateway.server.algorithm_path)."""
+        """The form only; whether it imports is checked when the server starts (gateway.server.feedback.algorithm_path)."""
         if value is None:
             return None
         module, sep, attribute = value.strip().partition(":")

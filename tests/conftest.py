@@ -13,7 +13,7 @@ from types import FrameType
 
 import pytest
 
-from gateway.demo.processes import process_factory
+from gateway.common.processes import process_factory
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -31,7 +31,7 @@ def serve(
     """Run the gateway. Every option can also come from SWEETSPOT_* env vars or the TOML file."""
     from pydantic import ValidationError
 
-    from gateway.server.serving import run
+    from gateway.server.process.launch import run
 
     try:
         run(

@@ -13,7 +13,7 @@ counts do not have that flaw:
   old, so it is used only while the gateway's own count is incomplete (some traffic is not streamed);
 * otherwise the gateway's own count with each non-streamed request spread evenly over its life
   (:class:`gateway.control.window.Span`); a reading over an interval is then final only once every
-  request that ran in it has ended (:mod:`gateway.control.meter`).
+  request that ran in it has ended (:mod:`gateway.control.knee_search.meter`).
 
 Pure: the clock is the caller's ``now`` and the backend's scrape time.
 """

@@ -131,7 +131,7 @@ class ControllerKnobs(BaseModel):
 
 
 class AimdConfig(ControllerKnobs):
-    """The knobs as one frozen value: what :class:`gateway.control.aimd.Aimd` is built from."""
+    """The knobs as one frozen value: what :class:`gateway.control.knee_search.aimd.Aimd` is built from."""
 
     model_config = ConfigDict(frozen=True)
 

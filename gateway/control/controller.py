@@ -25,7 +25,7 @@ from collections import deque
 from typing import Any
 
 from gateway.control.accounting import TokenAccounting
-from gateway.control.aimd import Aimd
+from gateway.control.knee_search.aimd import Aimd
 from gateway.control.algorithm import Action, Decision, LimitAlgorithm
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.observation import (

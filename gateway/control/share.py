@@ -6,7 +6,7 @@ gateway's knee, in whatever split the race at start-up gave. The backend's own m
 split either: they show how many requests run in all, but not how many the *others* hold queued, so
 with more than two replicas, or uneven demand, a fair split needs each replica's demand.
 
-So with shared state (``gateway.server.share_board``) the replicas publish their demand (in flight
+So with shared state (``gateway.server.feedback.share_board``) the replicas publish their demand (in flight
 plus queued) and limit each tick, and :class:`Peers` carries the others' last entries. Of the replicas
 whose limit binds (demand at or over it), the one with the lowest id *leads*: it searches for the knee
 with its own readings, as a lone gateway does. Every other replica *follows*: its limit is the leader's,

@@ -6,7 +6,7 @@ instead of being credited in a lump when they end. A request that is not streame
 when it ends, all at once: the window keeps it as a :class:`Span` (its tokens spread evenly over its
 life, the only honest guess of when they were made) and knows which such requests are still open, so a
 reading over an interval can wait until every request that ran in it has told its count
-(:mod:`gateway.control.meter`). Everything here is pure: times are plain floats from whatever monotonic
+(:mod:`gateway.control.knee_search.meter`). Everything here is pure: times are plain floats from whatever monotonic
 clock the caller uses, and nothing sleeps or reads a clock itself.
 """
 

@@ -37,7 +37,7 @@ from gateway.sweep.tables import write_report
 from gateway.sweep.result import SweepResult
 from gateway.sweep.driver import SweepConfig, SweepError, run_sweep
 from gateway.sweep.workload import RequestFactory, Workload
-from gateway.demo.processes import LISTENING, ProcessError, process_factory, sweetspot_module
+from gateway.common.processes import LISTENING, ProcessError, process_factory, sweetspot_module
 from gateway.demo.plot import plot_timeline
 from gateway.demo.reference import Reference, reference_for
 from gateway.demo.outcome import headline, summary_table, write_json

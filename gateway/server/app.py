@@ -2,7 +2,7 @@
 ``create_server_app`` puts the proxied routes' fast path in front of it, which is what the server runs.
 
 No request logic lives here; the routes are in ``gateway.server.routes``, the parts in ``gateway.server.parts`` and the
-background loops in ``gateway.server.loops``.
+background loops in ``gateway.server.process.loops``.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from gateway import __version__
-from gateway.server.control_loop import ControlLoop
-from gateway.server.errors import error_response
-from gateway.server.health import health_tick
-from gateway.server.loops import every
+from gateway.server.feedback.control_loop import ControlLoop
+from gateway.server.routes.errors import error_response
+from gateway.server.upstream.health import health_tick
+from gateway.server.process.loops import every
 from gateway.server.parts import Gateway
 from gateway.server.routes import light as light_routes
 from gateway.server.routes import ops as ops_routes
 from gateway.server.routes import proxied as proxied_routes
-from gateway.server.upstreams import Upstream
+from gateway.server.upstream.pool import Upstream
 from gateway.settings import Settings
 from gateway.telemetry.loop_lag import LoopLagProbe
 from gateway.telemetry.metrics import GatewayMetrics

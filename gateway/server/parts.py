@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 
 from gateway import __version__
 from gateway.control.window import SlidingWindow
-from gateway.server.admission import AdmissionQueue, Limiter
-from gateway.server.drain import DrainState
-from gateway.server.response_affinity import ResponseAffinity
-from gateway.server.routing import MetricsObserver, PrefixMap, PrefixRouter, RandomRouter
-from gateway.server.tenants import TenantDirectory
-from gateway.server.upstream_client import UpstreamClient
-from gateway.server.upstreams import Upstream, UpstreamPool
+from gateway.server.admission.admission_queue import AdmissionQueue, Limiter
+from gateway.server.process.drain import DrainState
+from gateway.server.upstream.response_affinity import ResponseAffinity
+from gateway.server.admission.routing import MetricsObserver, PrefixMap, PrefixRouter, RandomRouter
+from gateway.server.admission.tenants import TenantDirectory
+from gateway.server.upstream.upstream_client import UpstreamClient
+from gateway.server.upstream.pool import Upstream, UpstreamPool
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
 

@@ -38,7 +38,7 @@ from gateway.sim.protocol import (
     parse_generation,
 )
 from gateway.sim.runner import EngineRunner, Handle
-from gateway.server.serving import serve_app
+from gateway.common.asgi_server import serve_app
 
 
 @dataclass(frozen=True, slots=True)

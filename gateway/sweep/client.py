@@ -29,8 +29,8 @@ from typing import Any
 import aiohttp
 
 from gateway.sweep.workload import ApiKind, RequestSpec
-from gateway.server.measure import QUEUE_HEADER
-from gateway.server.resend import STALE_CONNECTION_ERRORS
+from gateway.common.headers import QUEUE_HEADER
+from gateway.common.resend import STALE_CONNECTION_ERRORS
 
 REJECT_STATUSES = frozenset({429, 503})  # overload answers (a gateway's queue), not backend failures
 _PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions",

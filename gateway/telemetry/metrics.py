@@ -272,7 +272,7 @@ class GatewayMetrics:
             "sweetspot_backend_scrape_errors", "Failed scrapes of the backend's /metrics.", ["upstream"], registry=r
         )
 
-        # --- routing among upstreams (gateway/server/routing.py; only with routing = prefix) -------------
+        # --- routing among upstreams (gateway/server/admission/routing.py; only with routing = prefix) -------------
         self.routing_decisions = Counter(
             "sweetspot_routing_decisions",
             "Requests routed among several upstreams with room, by why that upstream: prefix (it holds the "

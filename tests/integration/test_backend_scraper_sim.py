@@ -14,8 +14,8 @@ import pytest
 
 from gateway.sim.profiles import QWEN36_35B_A3B_32GB
 from gateway.telemetry.backends import BackendScraper
-from tests.support.gateway import start_sim
-from tests.support.llama import free_port
+from testbed.gateway import start_sim
+from testbed.llama import free_port
 
 OUTPUT_TOKENS = 400
 

@@ -29,7 +29,7 @@ How it stays honest on a small shared machine:
   still failed, at 0.896 against static 8, while holding the slots all along).
 * The bar is never loosened: a failure prints every run.
 
-Faster controller settings (``FAST_CONTROL``, in ``tests/support/closed_loop.py``) let it converge within the
+Faster controller settings (``FAST_CONTROL``, in ``testbed/closed_loop.py``) let it converge within the
 test: a tick every 0.5 s instead of 2 s, 1 s to settle and 2 s per throughput reading instead of 2 s and 6 s
 (this server's tokens arrive at a steady few hundred per second, so 2 s readings hold a few hundred tokens),
 a 5 s window, a re-probe every 10 s of busy time instead of 30 s (so the cost of probing shows in the
@@ -43,7 +43,7 @@ to find out (an exploratory probe, once it holds three readings at the cap: abou
 in its first measured run, where it costs that run up to a quarter of its throughput). Each measured run
 is 3.5 s of demand, too short to answer that probe (a settle and two readings), so it is abandoned when
 demand returns, and the next attempt waits for the re-probe schedule, doubled at the hard cap (see
-``gateway/control/reprobe.py``): 20 s of demand, which the last controller run may reach. Once the point
+``gateway/control/knee_search/reprobe.py``): 20 s of demand, which the last controller run may reach. Once the point
 below is measured clearly worse (a longer run, in production), the down-probes at the cap grow rarer while
 the answer stays the same, up to one every 16 periods.
 """
@@ -55,8 +55,8 @@ from functools import partial
 import pytest
 
 from gateway.sweep.workload import Workload, parse_length
-from tests.support.closed_loop import limit_of, rotated_rounds, start_configurations, stream_load
-from tests.support.llama import MODEL, llama_config, start_llama_server
+from testbed.closed_loop import limit_of, rotated_rounds, start_configurations, stream_load
+from testbed.llama import MODEL, llama_config, start_llama_server
 
 SLOTS = 4
 CLIENTS = 4 * SLOTS

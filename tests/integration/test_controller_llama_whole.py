@@ -22,8 +22,8 @@ from functools import partial
 import pytest
 
 from gateway.sweep.workload import Workload, parse_length
-from tests.support.closed_loop import rotated_rounds, start_configurations, upstream_state, whole_load
-from tests.support.llama import MODEL, llama_config, start_llama_server
+from testbed.closed_loop import rotated_rounds, start_configurations, upstream_state, whole_load
+from testbed.llama import MODEL, llama_config, start_llama_server
 
 SLOTS = 4
 CLIENTS = 3 * SLOTS

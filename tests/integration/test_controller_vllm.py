@@ -1,6 +1,6 @@
 """The controller in the running gateway against real preemption (#16): a real vLLM (the CPU build, the
 generated ``KNEE`` model) whose KV budget holds C = 11 requests of the workload, 3C closed-loop streaming
-clients, and static limits of C and 2C measured in the same test (``tests/support/vllm_preemption.py`` says
+clients, and static limits of C and 2C measured in the same test (``testbed/vllm_preemption.py`` says
 how, and why the prompts are 512 words and the answers' lengths spread).
 
 The controller must see static 2C preempt in the same test, settle at or below what the gateway's hard cap
@@ -23,8 +23,8 @@ from dataclasses import asdict
 
 import pytest
 
-from tests.support.vllm import KNEE, VllmConfig, compute_dtype, start_vllm, vllm_config
-from tests.support.vllm_preemption import BLOCK, KV_BLOCKS, OUTPUT, PROMPT_WORDS, Budget, Pace, compare, measure_budget
+from testbed.vllm import KNEE, VllmConfig, compute_dtype, start_vllm, vllm_config
+from testbed.vllm_preemption import BLOCK, KV_BLOCKS, OUTPUT, PROMPT_WORDS, Budget, Pace, compare, measure_budget
 
 PACE = Pace(converge_s=60.0, warmup_s=4.0, measure_s=10.0, rounds=3)
 # The objectives every gateway here holds and goodput is judged by. A 545-token prefill among ten decodes takes

@@ -1,5 +1,5 @@
 """At most once, and every wait bounded: the gateway as a real process in front of upstreams that misbehave on
-purpose (:mod:`tests.support.fault_upstream`), each counting the requests it read."""
+purpose (:mod:`testbed.fault_upstream`), each counting the requests it read."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from tests.support.fault_upstream import LINGER_S, MODEL, FaultUpstream, fault_upstream, wait_for
-from tests.support.gateway import get_json, metric_value, start_gateway
+from testbed.fault_upstream import LINGER_S, MODEL, FaultUpstream, fault_upstream, wait_for
+from testbed.gateway import get_json, metric_value, start_gateway
 
 CHAT = [{"role": "user", "content": "hi"}]
 

@@ -38,7 +38,7 @@ import openai
 import pytest
 import yaml
 
-from gateway.demo.processes import LISTENING, RunningProcess, free_port, start_process, sweetspot
+from gateway.common.processes import LISTENING, RunningProcess, free_port, start_process, sweetspot
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(300)]
 

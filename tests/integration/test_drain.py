@@ -12,8 +12,8 @@ import urllib.request
 
 import httpx
 
-from tests.support.gateway import get_json, start_gateway, start_sim
-from tests.support.fault_upstream import wait_for
+from testbed.gateway import get_json, start_gateway, start_sim
+from testbed.fault_upstream import wait_for
 
 CHAT = [{"role": "user", "content": "tell me a long story"}]
 

@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support.fault_upstream import MODEL, FaultUpstream, fault_upstream, wait_for
-from tests.support.gateway import start_gateway
+from testbed.fault_upstream import MODEL, FaultUpstream, fault_upstream, wait_for
+from testbed.gateway import start_gateway
 
 KEY, ADMIN = "client-key", "admin-key"
 CHAT = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()

@@ -11,7 +11,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from tests.support.gateway import get_json, start_gateway, start_sim
+from testbed.gateway import get_json, start_gateway, start_sim
 
 EXAMPLES = 25  # per route and mode: bounded, so the module stays around a minute on 2 busy cores
 

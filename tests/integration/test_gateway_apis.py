@@ -16,8 +16,8 @@ import pytest
 from gateway.sweep.driver import SweepConfig, run_sweep
 from gateway.sweep.result import SLO
 from gateway.sweep.workload import Workload, parse_length
-from tests.support.gateway import get_json, metric_value, start_gateway, start_sim
-from tests.support.llama import MODEL, start_llama_server
+from testbed.gateway import get_json, metric_value, start_gateway, start_sim
+from testbed.llama import MODEL, start_llama_server
 
 MESSAGE = [{"role": "user", "content": "hello there"}]
 

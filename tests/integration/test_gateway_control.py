@@ -11,8 +11,8 @@ from pathlib import Path
 
 import openai
 
-from tests.support.gateway import get_json, metric_value, start_gateway, start_sim
-from gateway.demo.processes import sweetspot
+from testbed.gateway import get_json, metric_value, start_gateway, start_sim
+from gateway.common.processes import sweetspot
 
 CHAT = [{"role": "user", "content": "x" * 400}]
 FAST = {"SWEETSPOT_CONTROL_INTERVAL_S": "0.5", "SWEETSPOT_SETTLE_S": "0.5", "SWEETSPOT_MEASURE_S": "1.5",

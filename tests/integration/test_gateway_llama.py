@@ -23,9 +23,9 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import assert_openai_error, get, get_json, metric_value, start_gateway, wait_for
-from tests.support.llama import MODEL, free_port, llama_config, start_llama_server
-from gateway.demo.processes import RunningProcess
+from testbed.gateway import assert_openai_error, get, get_json, metric_value, start_gateway, wait_for
+from testbed.llama import MODEL, free_port, llama_config, start_llama_server
+from gateway.common.processes import RunningProcess
 
 SLOTS = 4
 EMBED_MODEL = "tiny-embed"
@@ -267,8 +267,8 @@ async def test_many_concurrent_streams_on_a_fast_server_lose_nothing(processes) 
     connections to be closed (``Connection: close``) and never pools them."""
     import aiohttp
 
-    from tests.support.llama_process import NEAR_FREE_ALIAS, NEAR_FREE_MODEL
-    from tests.support.tiny_gguf import ensure_model
+    from testbed.llama_process import NEAR_FREE_ALIAS, NEAR_FREE_MODEL
+    from testbed.tiny_gguf import ensure_model
 
     config = dataclasses.replace(llama_config(parallel=32, threads=1), model=ensure_model(NEAR_FREE_MODEL),
                                  alias=NEAR_FREE_ALIAS)

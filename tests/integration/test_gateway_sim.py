@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import get_json, metric_value, start_gateway, start_sim
+from testbed.gateway import get_json, metric_value, start_gateway, start_sim
 
 CHAT = [{"role": "user", "content": "Tell me about continuous batching."}]
 

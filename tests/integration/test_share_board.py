@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.server.share_board import ShareBoard
-from tests.support.redis_server import start_redis
+from gateway.server.feedback.share_board import ShareBoard
+from testbed.redis_server import start_redis
 
 
 def test_replicas_see_each_other_and_stale_entries_go(processes) -> None:

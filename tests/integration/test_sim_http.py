@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.sim.exposition import TTFT_BUCKETS
 from gateway.sim.profiles import QWEN36_35B_A3B_32GB
-from gateway.demo.processes import LISTENING, RunningProcess, start_process, sweetspot
+from gateway.common.processes import LISTENING, RunningProcess, start_process, sweetspot
 
 MODEL = QWEN36_35B_A3B_32GB.model
 

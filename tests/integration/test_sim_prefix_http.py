@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from tests.support.gateway import metric_value, start_sim
+from testbed.gateway import metric_value, start_sim
 
 SYSTEM = "You answer in one word. " * 100  # 2,400 bytes: 600 tokens, 37 full blocks
 

@@ -18,7 +18,7 @@ import pytest
 
 from gateway.sim.oracle import predict_closed_loop
 from gateway.sim.profiles import QWEN36_35B_A3B_32GB
-from gateway.demo.processes import LISTENING, RunningProcess, start_process, sweetspot
+from gateway.common.processes import LISTENING, RunningProcess, start_process, sweetspot
 
 TIME_SCALE = 4.0
 PROMPT, OUTPUT = 256, 128

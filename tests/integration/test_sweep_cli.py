@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.sweep.result import load_sweep_result
-from gateway.demo.processes import LISTENING, RunningProcess, start_process, sweetspot
+from gateway.common.processes import LISTENING, RunningProcess, start_process, sweetspot
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ import pytest
 from gateway.sweep.driver import SweepConfig, run_sweep
 from gateway.sweep.result import SLO
 from gateway.sweep.workload import Workload, parse_length
-from tests.support.gateway import start_gateway
-from tests.support.llama import llama_config, start_llama_server
+from testbed.gateway import start_gateway
+from testbed.llama import llama_config, start_llama_server
 
 SLOTS = 4
 LEVELS = (4, 8)  # the slot count and twice it: the peak of a 4-slot server lies there

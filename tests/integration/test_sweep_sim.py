@@ -18,7 +18,7 @@ from gateway.sweep.driver import SweepConfig, SweepEvent, run_sweep
 from gateway.sweep.workload import Workload, parse_length
 from gateway.sim.oracle import predict_closed_loop
 from gateway.sim.profiles import DEFAULT_PROFILE, get_profile
-from gateway.demo.processes import LISTENING, RunningProcess, start_process, sweetspot
+from gateway.common.processes import LISTENING, RunningProcess, start_process, sweetspot
 
 TIME_SCALE = 2.0
 LEVELS = (8, 16, 24, 32)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.vllm import SERVE_ARGS, require_vllm
+from testbed.vllm import SERVE_ARGS, require_vllm
 
 ROOT = Path(__file__).parent.parent.parent
 DEFAULT = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")

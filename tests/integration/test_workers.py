@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.fault_upstream import wait_for
-from tests.support.gateway import start_gateway, start_sim
+from testbed.fault_upstream import wait_for
+from testbed.gateway import start_gateway, start_sim
 
 CHAT = [{"role": "user", "content": "hello"}]
 

@@ -1,10 +1,10 @@
 """The controller's scenarios (Vector-style): each phase's outcomes against its oracle.
 
 Every scenario runs the real controller against the simulator's engine on virtual time
-(:mod:`tests.support.scenarios.harness`), and every check compares outcomes with the best *static* limit found
-by simulating all of them under the same conditions (:mod:`tests.support.scenarios.evaluate`): where the limit
+(:mod:`testbed.scenarios.harness`), and every check compares outcomes with the best *static* limit found
+by simulating all of them under the same conditions (:mod:`testbed.scenarios.evaluate`): where the limit
 settled, how fast, the goodput within the objectives, p99 TPOT, preemptions, fairness, drift. The
-scenarios and their checks are data, in :mod:`tests.support.scenarios.catalogue`; adding one is adding a row.
+scenarios and their checks are data, in :mod:`testbed.scenarios.catalogue`; adding one is adding a row.
 Fixed seeds: the runs are deterministic. ``bench/controller_scenarios.py`` prints the same results as a
 table (and writes the one in ``docs/controller.md``).
 """
@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 
 from gateway.control.config import AimdConfig
-from tests.support.scenarios.catalogue import SCENARIOS, PhaseResult, by_name, run
+from testbed.scenarios.catalogue import SCENARIOS, PhaseResult, by_name, run
 
 _RESULTS: dict[str, list[PhaseResult]] = {}
 

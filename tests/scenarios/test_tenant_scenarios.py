@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.scenarios.catalogue import SCENARIOS, by_name, run
-from tests.support.scenarios.harness import Tenancy, TenantSpec
+from testbed.scenarios.catalogue import SCENARIOS, by_name, run
+from testbed.scenarios.harness import Tenancy, TenantSpec
 
 TENANCY = Tenancy((TenantSpec("a", weight=3.0), TenantSpec("b", weight=1.0), TenantSpec("c", weight=2.0)))
 #: Scenarios whose timing checks flip with the order of admission (see above).

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.server.admission import AdmissionQueue, Limiter, NoHealthyUpstream, QueueFull, QueueTimeout
+from gateway.server.admission.admission_queue import AdmissionQueue, Limiter, NoHealthyUpstream, QueueFull, QueueTimeout
 
 
 class FakeClock:
@@ -221,7 +221,7 @@ async def test_release_times_are_kept_for_the_drain_horizon_only() -> None:
 
 
 async def test_a_closed_queue_refuses_the_waiting_and_the_next() -> None:
-    from gateway.server.admission import ShuttingDown
+    from gateway.server.admission.admission_queue import ShuttingDown
 
     queue = make(limit=1)
     held = await queue.acquire(timeout_s=1)

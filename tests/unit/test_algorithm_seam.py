@@ -16,19 +16,19 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from gateway.control.window import Outcome, RequestSample
-from gateway.server.admission import AdmissionQueue, Limiter
-from gateway.server.algorithm_path import load_factory
-from gateway.server.control_loop import ControlLoop
+from gateway.server.admission.admission_queue import AdmissionQueue, Limiter
+from gateway.server.feedback.algorithm_path import load_factory
+from gateway.server.feedback.control_loop import ControlLoop
 from gateway.server.parts import Gateway
 from gateway.settings import Settings
-from tests.support.baselines.threshold import ThresholdGate
-from tests.support.loopback import serving
+from gateway.control.baselines.threshold import ThresholdGate
+from testbed.loopback import serving
 
-THRESHOLD = "tests.support.baselines.threshold:ThresholdGate"
+THRESHOLD = "gateway.control.baselines.threshold:ThresholdGate"
 
 
 # --- the setting --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("value", ["tests.support.baselines.threshold", "a:b:c", ":ThresholdGate", "a b:c", "m:"])
+@pytest.mark.parametrize("value", ["gateway.control.baselines.threshold", "a:b:c", ":ThresholdGate", "a b:c", "m:"])
 def test_a_path_not_of_the_form_module_factory_is_refused(value: str) -> None:
     with pytest.raises(ValidationError, match="module:factory"):
         Settings(algorithm=value)
@@ -45,9 +45,9 @@ def test_an_algorithm_without_the_control_loop_is_refused() -> None:
 
 
 @pytest.mark.parametrize(("path", "why"), [
-    ("tests.support.no_such_module:Thing", "cannot import 'tests.support.no_such_module'"),
-    ("tests.support.baselines.threshold:NoSuchGate", "has no attribute 'NoSuchGate'"),
-    ("tests.support.baselines.threshold:QUEUE_DEPTH_THRESHOLD", "is a int, not a factory"),
+    ("testbed.no_such_module:Thing", "cannot import 'testbed.no_such_module'"),
+    ("gateway.control.baselines.threshold:NoSuchGate", "has no attribute 'NoSuchGate'"),
+    ("gateway.control.baselines.threshold:QUEUE_DEPTH_THRESHOLD", "is a int, not a factory"),
 ])
 def test_an_unusable_path_says_what_is_wrong_when_imported(path: str, why: str) -> None:
     with pytest.raises(ValueError, match=why):
@@ -55,7 +55,7 @@ def test_an_unusable_path_says_what_is_wrong_when_imported(path: str, why: str) 
 
 
 @pytest.mark.parametrize(("path", "why"), [
-    ("tests.support.baselines.static:StaticLimit", "calling it with no arguments failed"),
+    ("gateway.control.baselines.static:StaticLimit", "calling it with no arguments failed"),
     ("collections:OrderedDict", "not a limit algorithm"),
 ])
 def test_a_factory_that_builds_no_algorithm_says_so_when_called(path: str, why: str) -> None:
@@ -203,7 +203,7 @@ async def test_stale_metrics_shut_the_gate(backend) -> None:
 
 async def test_the_limit_an_algorithm_asks_for_is_held_within_the_gateway_bounds(backend) -> None:
     _, url = backend
-    settings = Settings(upstreams=[url], algorithm="tests.support.algorithms:Wild", limit_min=2, limit_max=10)
+    settings = Settings(upstreams=[url], algorithm="testbed.algorithms:Wild", limit_min=2, limit_max=10)
     gateway = Gateway.build(settings)
     loop = ControlLoop.build(gateway)
     upstream = gateway.pool.by_name[url]

@@ -1,4 +1,4 @@
-"""Each comparison baseline reacts as its reference says (tests/support/baselines, bench/baselines.py).
+"""Each comparison baseline reacts as its reference says (testbed/baselines, bench/baselines.py).
 
 The benchmark's verdict is only as good as its baselines: a Vegas that never grows or an Envoy that never
 re-measures its minRTT would lose by construction. So each rule of each reference is driven here with
@@ -13,11 +13,11 @@ import pytest
 
 from gateway.control.algorithm import Action, LimitAlgorithm, RequestObserver
 from gateway.control.config import AimdConfig
-from tests.support.scenarios.harness import Conditions, Harness, Workload
+from testbed.scenarios.harness import Conditions, Harness, Workload
 from gateway.control.observation import Headroom, LimiterState, Observation, observe
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
 from gateway.sim.profiles import get_profile
-from tests.support.baselines import (
+from gateway.control.baselines import (
     AimdLatencyLimit,
     EnvoyGradient,
     Gradient2Limit,
@@ -25,7 +25,7 @@ from tests.support.baselines import (
     ThresholdGate,
     VegasLimit,
 )
-from tests.support.baselines.vegas import log10_root
+from gateway.control.baselines.vegas import log10_root
 
 
 def sample(rtt: float, *, at: float = 0.0, outcome: Outcome = Outcome.OK) -> RequestSample:

@@ -8,12 +8,12 @@ import pytest
 
 from gateway.control.accounting import MIXED_HOLD_S, TokenAccounting, share
 from gateway.control.config import AimdConfig
-from gateway.control.meter import PENDING_MAX_S, Readings, ThroughputMeter
+from gateway.control.knee_search.meter import PENDING_MAX_S, Readings, ThroughputMeter
 from gateway.control.observation import Headroom, LimiterState, observe
 from gateway.control.window import Outcome, RequestSample, SlidingWindow, Span
-from gateway.server.admission import Limiter
-from gateway.server.measure import RequestTracker
-from gateway.server.upstreams import Upstream
+from gateway.server.admission.admission_queue import Limiter
+from gateway.server.relay.measure import RequestTracker
+from gateway.server.upstream.pool import Upstream
 from gateway.telemetry.backends import llama_snapshot, vllm_snapshot
 from gateway.telemetry.metrics import GatewayMetrics
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from gateway.control.aimd import Aimd
+from gateway.control.knee_search.aimd import Aimd
 from gateway.control.algorithm import Action, Decision, Reason
 from gateway.control.config import AimdConfig, StartPoint
-from gateway.control.knee import probe_step
+from gateway.control.knee_search.knee import probe_step
 from gateway.control.observation import LimiterState, Observation, observe
 from gateway.control.window import SlidingWindow
 
@@ -86,7 +86,7 @@ def test_an_idle_gateway_ignores_a_backend_busy_with_others() -> None:
     assert {d.reason for d in decisions} == {Reason.NO_DEMAND}
 
 
-# The tests' fast ticks (tests/support/closed_loop.py's FAST_CONTROL) with the vLLM comparison's re-probe period.
+# The tests' fast ticks (testbed/closed_loop.py's FAST_CONTROL) with the vLLM comparison's re-probe period.
 FAST_TICKS = AimdConfig(control_interval_s=0.5, settle_s=1.0, measure_s=2.0, window_s=5.0, reprobe_s=30.0)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.control.curve import Curve, _crossing
+from gateway.control.knee_search.curve import Curve, _crossing
 
 
 def curve_of(points: dict[int, float], settled: bool = True) -> Curve:

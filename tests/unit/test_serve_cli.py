@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.demo.processes import sweetspot
+from gateway.common.processes import sweetspot
 
 
 def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.server.serving import NumericConnectLoop, _is_numeric, settle_garbage_collector
-from tests.support.loopback import serving
+from gateway.common.asgi_server import NumericConnectLoop, _is_numeric, settle_garbage_collector
+from testbed.loopback import serving
 
 
 class CountingLoop(NumericConnectLoop):

@@ -11,13 +11,13 @@ import json
 
 import pytest
 
-from gateway.server.admission import Limiter
+from gateway.server.admission.admission_queue import Limiter
 from gateway.control.window import Outcome, SlidingWindow
-from gateway.server.measure import RequestTracker
-from gateway.server.event_streams import MESSAGES_EVENTS, RESPONSES_EVENTS, NamedEventFilter
-from gateway.server.sse import SSEFilter
+from gateway.server.relay.measure import RequestTracker
+from gateway.server.relay.event_streams import MESSAGES_EVENTS, RESPONSES_EVENTS, NamedEventFilter
+from gateway.server.relay.sse import SSEFilter
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.server.upstreams import Upstream
+from gateway.server.upstream.pool import Upstream
 
 
 def event(payload: dict | str) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.server.start_points import load_start_points, start_point
+from gateway.server.feedback.start_points import load_start_points, start_point
 from gateway.sweep.result import LevelMetrics, ServerInfo, SweepResult, SweepSettings, SweetSpot, save_sweep_result
 
 

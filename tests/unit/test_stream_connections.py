@@ -14,9 +14,9 @@ from aiohttp import web
 
 from gateway.server.parts import Gateway
 from gateway.settings import Settings
-from gateway.server.control_loop import ControlLoop
-from gateway.server.upstream_headers import request_headers
-from tests.support.loopback import serving
+from gateway.server.feedback.control_loop import ControlLoop
+from gateway.server.upstream.upstream_headers import request_headers
+from testbed.loopback import serving
 
 EVENTS = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', b"data: [DONE]\n\n"]
 

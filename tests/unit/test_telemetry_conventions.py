@@ -17,10 +17,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
-from gateway.server.admission import Limiter
-from gateway.server.control_loop import hard_cap
-from gateway.server.logs import configure_logging, log_access
-from gateway.server.upstreams import Upstream
+from gateway.server.admission.admission_queue import Limiter
+from gateway.server.feedback.control_loop import hard_cap
+from gateway.server.process.logs import configure_logging, log_access
+from gateway.server.upstream.pool import Upstream
 from gateway.telemetry.backends import BackendSnapshot
 from gateway.telemetry.loop_lag import LoopLagProbe
 from gateway.telemetry.metrics import GatewayMetrics

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gateway.server.admission import AdmissionQueue, Limiter, QueueFull, QuotaExceeded, TenantQueueFull
-from gateway.server.reserve import Reserve
-from gateway.server.tenants import MAX_NAMED_TENANTS, Tenant, TenantDirectory, TokenBucket
+from gateway.server.admission.admission_queue import AdmissionQueue, Limiter, QueueFull, QuotaExceeded, TenantQueueFull
+from gateway.server.admission.reserve import Reserve
+from gateway.server.admission.tenants import MAX_NAMED_TENANTS, Tenant, TenantDirectory, TokenBucket
 from gateway.settings import Settings
 from tests.unit.test_admission import FakeClock, Target
 from tests.unit.test_serve_cli import run_serve

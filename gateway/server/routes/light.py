@@ -3,7 +3,7 @@
 * ``/tokenize``, ``/detokenize``, ``/v1/messages/count_tokens``: routed by the body's ``model`` (any healthy
   upstream when it names none), to the one with the most free permits.
 * ``GET`` / ``DELETE /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``: to the upstream that created the
-  response (:class:`~gateway.server.response_affinity.ResponseAffinity`); an id the gateway does not know
+  response (:class:`~gateway.server.upstream.response_affinity.ResponseAffinity`); an id the gateway does not know
   (created before it started, or forgotten) is asked of each healthy upstream in turn, and the backend's own
   404 is the answer when none has it.
 * The operator's ``passthrough_paths``: any method, passed on as they are. Nothing else of a backend is
@@ -19,13 +19,13 @@ import json
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
 
-from gateway.server.errors import Dialect, error_response
+from gateway.server.routes.errors import Dialect, error_response
 from gateway.server.parts import Gateway
 from gateway.server.routes.auth import has_valid_key
 from gateway.server.routes.inbound import RequestHeaders
-from gateway.server.upstream_client import UpstreamFailed
-from gateway.server.upstream_headers import request_headers
-from gateway.server.upstreams import Upstream
+from gateway.server.upstream.upstream_client import UpstreamFailed
+from gateway.server.upstream.upstream_headers import request_headers
+from gateway.server.upstream.pool import Upstream
 
 router = APIRouter()
 

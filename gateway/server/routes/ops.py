@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
 
-from gateway.server.control_loop import ControlLoop
+from gateway.server.feedback.control_loop import ControlLoop
 from gateway.server.parts import Gateway
 from gateway.server.routes.auth import key_matches, raw_header, unauthorized
 from gateway.settings import OTHER_TENANTS

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gateway.server.errors import Dialect
-from gateway.server.event_streams import (
+from gateway.server.routes.errors import Dialect
+from gateway.server.relay.event_streams import (
     MESSAGES_EVENTS,
     RESPONSES_EVENTS,
     EventTable,

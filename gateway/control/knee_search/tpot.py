@@ -1,0 +1,54 @@
+"""Predicting p99 TPOT at a limit from its throughput, before the limit's slow requests finish.
+
+p99 TPOT is known only when requests finish, a whole request's life after the limit that caused it.
+A step up past the latency objective would run that long unchecked. But throughput is read within
+seconds, and limit / tokens-per-second is the mean time between two tokens of one stream (prefill
+stalls included). Its ratio to the measured p99 TPOT is learned continuously over the window; a step's
+reading times that ratio predicts the step's p99 TPOT, so an overshoot is undone at once.
+"""
+
+from __future__ import annotations
+
+from gateway.control.knee_search.meter import LimitHistory
+from gateway.control.observation import Observation
+
+_WEIGHT = 0.3  # EWMA weight of a new calibration point
+
+
+class TpotPredictor:
+    def __init__(self, min_samples: int) -> None:
+        self.min_samples = min_samples
+        self.scale: float | None = None  # p99 TPOT / (limit / tokens/s), learned
+        self._history = LimitHistory()
+
+    def limit_set(self, now: float, limit: int) -> None:
+        self._history.set(now, limit)
+
+    def calibrate(self, obs: Observation, bottleneck: bool) -> None:
+        """One calibration point from the window: its p99 TPOT over the mean per-slot token interval
+        (the window's mean limit over its tokens/s). Only while the limit was the bottleneck: in-flight
+        below the limit would make the interval look shorter than the limit says."""
+        if not bottleneck or obs.tpot_p99 is None or obs.latency_samples < self.min_samples or obs.tokens_per_s <= 0:
+            return
+        mean_limit = self._history.mean(obs.now - obs.window_s, obs.now)
+        if not mean_limit:
+            return
+        point = obs.tpot_p99 / (mean_limit / obs.tokens_per_s)
+        self.scale = point if self.scale is None else self.scale + _WEIGHT * (point - self.scale)
+
+    def predict(self, limit: int, rate: float) -> float | None:
+        """p99 TPOT expected at ``limit`` streaming ``rate`` tokens/s (None before calibration)."""
+        if self.scale is None or rate <= 0:
+            return None
+        return self.scale * limit / rate
+
+    def largest_within(self, objective: float, low: int, low_rate: float, high: int, high_rate: float) -> int:
+        """The largest limit in [low, high) whose predicted p99 TPOT meets ``objective``, throughput
+        read linearly between the two readings (``low`` when none does)."""
+        best = low
+        for limit in range(low + 1, high):
+            rate = low_rate + (high_rate - low_rate) * (limit - low) / (high - low)
+            predicted = self.predict(limit, rate)
+            if predicted is not None and predicted <= objective:
+                best = limit
+        return best

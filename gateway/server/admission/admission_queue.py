@@ -1,0 +1,401 @@
+"""Admission: per-upstream limiters (in-flight permits) and the bounded, tenant-fair queue in front of them.
+
+One queue serves every upstream so a request waits once and goes to whichever eligible, healthy
+upstream frees a permit first; ties go to the upstream with the most free permits. The queue knows an
+upstream only as an :class:`AdmissionTarget` (a name, health, a limiter), and a :class:`Permit` carries
+the target it was granted on and the tenant it counts against, so whoever holds one has both. Who goes
+next is :mod:`gateway.server.admission.fair_queue`'s choice (priority classes, weighted shares between tenants inside
+a class), and which upstream, ``choose``'s (:mod:`gateway.server.admission.routing`) or the one with the most free
+permits; this module adds the bounds: an upstream's limit (with its top slots kept for light tenants,
+:mod:`gateway.server.admission.reserve`), ``max_queue`` in total, each tenant's ``max_queued`` (429 with its own
+Retry-After), in-flight cap and output-token quota. Nothing here does I/O: the clock is
+injected, waiting is an ``asyncio.Future`` the caller awaits, and a caller that goes away (client
+disconnect, timeout) is removed before it can reach an upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from gateway.control.window import RequestSample
+from gateway.server.admission.fair_queue import Discipline, FairQueue
+from gateway.server.admission.reserve import Reserve
+from gateway.server.admission.tenants import Tenant
+
+
+# Told of each request that ended on a limiter, after its permit was returned and before anyone queued takes
+# it: (its sample, the in-flight count just after it was admitted, the in-flight count now).
+EndListener = Callable[[RequestSample, int, int], None]
+
+
+class Limiter:
+    """In-flight permits for one upstream. The limit may change at any time; lowering it below the
+    current in-flight count never cancels running requests, it only stops new admissions.
+
+    ``on_end``, when set, hears of every request that ends, in time to change the limit before the freed
+    permit is handed on (an algorithm that learns per request, ``gateway.server.feedback.control_loop``)."""
+
+    def __init__(self, name: str, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self.name = name
+        self.limit = limit
+        self.inflight = 0
+        self._peak = 0
+        self.on_end: EndListener | None = None
+
+    @property
+    def free(self) -> int:
+        return max(self.limit - self.inflight, 0)
+
+    @property
+    def has_room(self) -> bool:
+        return self.inflight < self.limit
+
+    def set_limit(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self.limit = limit
+
+    def acquire(self) -> None:
+        self.inflight += 1
+        if self.inflight > self._peak:
+            self._peak = self.inflight
+
+    def release(self) -> None:
+        if self.inflight <= 0:
+            raise RuntimeError(f"release without acquire on {self.name}")
+        self.inflight -= 1
+
+    def take_peak(self) -> int:
+        """Highest in-flight count since the last call (at least the current one); resets the mark."""
+        peak = max(self._peak, self.inflight)
+        self._peak = self.inflight
+        return peak
+
+
+class AdmissionError(Exception):
+    """A request the gateway refuses; carries what the HTTP layer needs to answer it."""
+
+    status = 503
+    reason = "rejected"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QueueFull(AdmissionError):
+    status = 429
+    reason = "queue_full"
+
+
+class TenantQueueFull(AdmissionError):
+    status = 429
+    reason = "tenant_queue_full"
+
+
+class QuotaExceeded(AdmissionError):
+    status = 429
+    reason = "quota_exceeded"
+
+
+class QueueTimeout(AdmissionError):
+    status = 503
+    reason = "queue_timeout"
+
+
+class NoHealthyUpstream(AdmissionError):
+    status = 503
+    reason = "no_upstream"
+
+
+class ShuttingDown(AdmissionError):
+    status = 503
+    reason = "shutting_down"
+
+
+class AdmissionTarget(Protocol):
+    """What the queue admits onto: an upstream, as far as admission cares."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def limiter(self) -> Limiter: ...
+
+
+T = TypeVar("T", bound=AdmissionTarget)
+
+
+def _available(target: AdmissionTarget) -> bool:
+    return target.healthy and target.limiter.has_room
+
+
+@dataclass(eq=False)
+class Permit(Generic[T]):
+    """Held while a request runs on ``target``; release it exactly once through the queue."""
+
+    target: T
+    admitted: float
+    tenant: Tenant
+    inflight_at_grant: int = 0  # the limiter's in-flight count just after this permit was granted
+    released: bool = False
+
+    @property
+    def limiter(self) -> Limiter:
+        return self.target.limiter
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter(Generic[T]):
+    future: asyncio.Future[Permit[T]]
+    eligible: Collection[str] | None
+    tenant: Tenant
+    cls: int
+    hint: Any = None  # what ``choose`` knows of the request (None: the upstream with the most free permits)
+    gone: bool = False  # left the queue: admitted, timed out or cancelled
+
+
+class AdmissionQueue(Generic[T]):
+    """Hands out permits on a set of targets (upstreams), queueing up to ``max_queue`` requests.
+
+    ``classes`` is the number of priority classes (0 is the highest); a request without a tenant counts
+    against :attr:`default_tenant`. ``choose`` (optional) picks among the targets that can take a request
+    now, for requests that carry a ``hint``; without either, the one with the most free permits.
+    ``reserve`` is the share of each limit kept for light tenants (:class:`~gateway.server.admission.reserve.Reserve`;
+    ``fair`` only)."""
+
+    def __init__(
+        self,
+        targets: Collection[T],
+        *,
+        max_queue: int,
+        clock: Callable[[], float] = time.monotonic,
+        drain_horizon_s: float = 30.0,
+        classes: int = 1,
+        discipline: Discipline = "fair",
+        starvation_after: int = 20,
+        default_tenant: Tenant | None = None,
+        reserve: float = 0.0,
+        choose: Callable[[list[T], Any], T] | None = None,
+    ) -> None:
+        self.targets: dict[str, T] = {target.name: target for target in targets}
+        self.max_queue = max_queue
+        self._clock = clock
+        self._queue: FairQueue[_Waiter[T]] = FairQueue(classes, discipline=discipline,
+                                                      starvation_after=starvation_after)
+        self._releases: deque[float] = deque()  # release times within the drain horizon
+        self._drain_horizon_s = drain_horizon_s
+        self._closed: Callable[[], AdmissionError] | None = None
+        self.default_tenant = default_tenant if default_tenant is not None else Tenant("default")
+        self.reserve = Reserve(reserve if discipline == "fair" else 0.0)
+        self.choose = choose
+
+    # --- state -----------------------------------------------------------------------------------
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def depth_for(self, name: str) -> int:
+        """Queued requests that ``name`` could serve: the demand this upstream's limit holds back."""
+        if len(self.targets) == 1:
+            return len(self._queue)
+        return sum(1 for w in self._queue if w.eligible is None or name in w.eligible)
+
+    def class_depth(self, cls: int) -> int:
+        return self._queue.depth(cls)
+
+    def _forget_releases(self, now: float) -> None:
+        cutoff = now - self._drain_horizon_s
+        while self._releases and self._releases[0] < cutoff:
+            self._releases.popleft()
+
+    def drain_rate(self) -> float:
+        """Permits released per second over the recent past: how fast the queue moves."""
+        now = self._clock()
+        self._forget_releases(now)
+        if not self._releases:
+            return 0.0
+        span = max(now - self._releases[0], 1.0)
+        return len(self._releases) / span
+
+    def retry_after(self, ahead: int | None = None) -> int:
+        """Seconds until a request joining behind ``ahead`` others would likely be admitted (1..60)."""
+        ahead = len(self._queue) if ahead is None else ahead
+        rate = self.drain_rate()
+        if rate <= 0:
+            return 5
+        return int(min(max(math.ceil((ahead + 1) / rate), 1), 60))
+
+    def _candidates(self, eligible: Collection[str] | None) -> list[T]:
+        if eligible is None:
+            return list(self.targets.values())
+        return [self.targets[name] for name in eligible if name in self.targets]
+
+    def _room(self, target: T, tenant: Tenant) -> bool:
+        limiter = target.limiter
+        return target.healthy and self.reserve.may_take(tenant, inflight=limiter.inflight, limit=limiter.limit)
+
+    def _best(self, eligible: Collection[str] | None, tenant: Tenant, hint: Any = None) -> T | None:
+        """The upstream a request of ``tenant`` goes to now, or None when none of ``eligible`` has room."""
+        if hint is not None and self.choose is not None:
+            available = [target for target in self._candidates(eligible) if self._room(target, tenant)]
+            return self.choose(available, hint) if available else None
+        best: T | None = None
+        for target in self._candidates(eligible):
+            if self._room(target, tenant) and (best is None or target.limiter.free > best.limiter.free):
+                best = target
+        return best
+
+    def _may_run(self, tenant: Tenant) -> bool:
+        """Whether a queued request of ``tenant`` could run somewhere now (its cap, the reserve)."""
+        return tenant.may_run() and any(self._room(target, tenant) for target in self.targets.values())
+
+    def _grant(self, target: T, tenant: Tenant) -> Permit[T]:
+        limiter = target.limiter
+        limiter.acquire()
+        self.reserve.join(tenant)
+        tenant.inflight += 1
+        return Permit(target, self._clock(), tenant, limiter.inflight)
+
+    # --- acquiring -------------------------------------------------------------------------------
+    async def acquire(
+        self, *, tenant: Tenant | None = None, priority: int = 0, eligible: Collection[str] | None = None,
+        timeout_s: float, hint: Any = None,
+    ) -> Permit[T]:
+        """Wait for a permit on one of the ``eligible`` upstreams (all when None), in class ``priority``.
+
+        Raises :class:`NoHealthyUpstream` at once when none of them is healthy, :class:`QuotaExceeded` when
+        the tenant spent its output-token quota, :class:`QueueFull` when the queue is at ``max_queue``,
+        :class:`TenantQueueFull` when the tenant's own queue is at its cap, :class:`QueueTimeout` after
+        ``timeout_s``. If the caller is cancelled (its client went away) it leaves the queue and never holds
+        a permit.
+        """
+        if self._closed is not None:
+            raise self._closed()
+        tenant = self.default_tenant if tenant is None else tenant
+        candidates = self._candidates(eligible)
+        if not any(target.healthy for target in candidates):
+            raise NoHealthyUpstream("no healthy upstream serves this request", retry_after_s=2)
+        if tenant.quota is not None:
+            wait = tenant.quota.retry_after(self._clock())
+            if wait is not None:
+                raise QuotaExceeded(f"tenant {tenant.name!r} used its output-token quota "
+                                    f"({tenant.quota.capacity:g} per minute)", retry_after_s=wait)
+        queue = self._queue
+        # A free slot with requests queued is one none of them can take (dispatch runs whenever room appears):
+        # an arrival skips nobody by taking it, unless it would pass its own tenant's queued requests.
+        if not tenant.queued and tenant.may_run():
+            target = self._best(eligible, tenant, hint)
+            if target is not None:
+                return self._grant(target, tenant)
+        if len(queue) >= self.max_queue:
+            raise QueueFull(
+                f"the gateway's queue is full ({self.max_queue} waiting)", retry_after_s=self.retry_after()
+            )
+        if tenant.max_queued is not None and tenant.queued >= tenant.max_queued:
+            raise TenantQueueFull(f"tenant {tenant.name!r} has {tenant.queued} requests queued, its cap",
+                                  retry_after_s=tenant.retry_after(self._clock()))
+        waiter: _Waiter[T] = _Waiter(asyncio.get_running_loop().create_future(), eligible, tenant, priority, hint)
+        queue.push(waiter, flow=tenant, weight=tenant.weight, cls=priority)
+        self.reserve.join(tenant)
+        tenant.queued += 1
+        self.dispatch()  # work-conserving: a free slot the waiters ahead could not take is this one's
+        try:
+            # Not asyncio.wait_for: on Python 3.11 it returns the result when a cancellation and the permit
+            # arrive together, and a request whose client had just left would go upstream with nobody to answer.
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(waiter.future)
+        except BaseException as exc:
+            self._abandon(waiter)
+            if isinstance(exc, TimeoutError):
+                raise QueueTimeout(
+                    f"waited {timeout_s:g}s in the gateway's queue without a free slot",
+                    retry_after_s=self.retry_after(),
+                ) from None
+            raise
+
+    def _abandon(self, waiter: _Waiter[T]) -> None:
+        """Take a waiter out (timed out, cancelled or refused); if a permit raced in, hand it back."""
+        future = waiter.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            self.release(future.result())
+            return
+        if not waiter.gone:
+            waiter.gone = True
+            future.cancel()
+            waiter.tenant.queued -= 1
+            self.reserve.settle(waiter.tenant)
+            self._queue.forget(flow=waiter.tenant, cls=waiter.cls)
+
+    def close(self, error: Callable[[], AdmissionError]) -> None:
+        """Refuse every queued request and every later one with ``error()`` (the gateway is draining)."""
+        self._closed = error
+        for waiter in list(self._queue):
+            waiter.gone = True
+            waiter.tenant.queued -= 1
+            self.reserve.settle(waiter.tenant)
+            waiter.future.set_exception(error())
+        self._queue.clear()
+
+    def release(self, permit: Permit[T], sample: RequestSample | None = None) -> None:
+        """Return a permit (idempotent) and admit whoever can now run. ``sample``: the request that held it,
+        as it ended upstream, for the limiter's ``on_end`` (None: it never reached the upstream)."""
+        if permit.released:
+            return
+        permit.released = True
+        limiter = permit.limiter
+        limiter.release()
+        if sample is not None and limiter.on_end is not None:
+            limiter.on_end(sample, permit.inflight_at_grant, limiter.inflight)
+        now = self._clock()
+        permit.tenant.released(now)
+        self.reserve.settle(permit.tenant)
+        self._releases.append(now)
+        self._forget_releases(now)
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        """Admit queued requests while some eligible upstream has a free permit.
+
+        Call it after anything that frees capacity: a release, a raised limit, an upstream turning
+        healthy. Who goes first is the fair queue's choice; a waiter whose upstreams are all busy does not
+        block the ones behind it that can go elsewhere, nor does a tenant at its in-flight cap.
+        """
+        queue = self._queue
+        if not queue:
+            return
+        placed: list[T] = []
+
+        def place(waiter: _Waiter[T]) -> bool:
+            target = self._best(waiter.eligible, waiter.tenant, waiter.hint)
+            if target is None:
+                return False
+            placed.append(target)
+            return True
+
+        targets = self.targets.values()
+        while queue and any(_available(t) for t in targets):
+            waiter = queue.pop(self._may_run, place)  # type: ignore[arg-type]
+            if waiter is None:
+                break
+            waiter.gone = True
+            permit = self._grant(placed.pop(), waiter.tenant)
+            waiter.tenant.queued -= 1  # after the grant: it stays active throughout
+            waiter.future.set_result(permit)
+
+    def try_acquire(self, eligible: Collection[str], tenant: Tenant | None = None) -> Permit[T] | None:
+        """A permit right now on one of ``eligible`` or None; used to fail over without queueing."""
+        tenant = self.default_tenant if tenant is None else tenant
+        target = self._best(eligible, tenant)
+        return None if target is None else self._grant(target, tenant)

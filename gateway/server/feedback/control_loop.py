@@ -1,0 +1,260 @@
+"""Runs the controllers of a live gateway: gathers each tick's inputs, applies the decisions.
+
+Three loops feed and drive the pure controllers in ``gateway.control``:
+
+* the backend scrape (every ``metrics_interval_s``): each upstream's own ``/metrics`` through the
+  adapters in ``gateway.telemetry.backends`` (KV usage, waiting, preemptions, slots);
+* the NVML read (every ``nvml_interval_s``, in a worker thread so the driver never blocks requests);
+* the control tick (every ``control_interval_s``): window statistics + limiter numbers + headroom
+  -> ``UpstreamControl.tick`` -> the new limit on the limiter, the queue re-dispatched, the decision
+  counted in Prometheus and, when the limit moved, one structured log line.
+
+None of this is on the request path, with one exception: an algorithm that is also a ``RequestObserver``
+(``settings.algorithm`` names one; the built-in controller is not) hears of each request as it ends, through
+the limiter's ``on_end``, and the limit it answers is applied before the freed permit is handed on, as the
+scenario harness applies it. A failure in one loop, or in that hook, is logged and the gateway goes on.
+
+Whatever the algorithm, the limit it asks for is held within ``limit_min`` and ``limit_max`` (the limiter
+holds no limit under 1), and the hard cap is computed and given to it in every observation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import Gauge
+
+from gateway.control.algorithm import Decision, LimitAlgorithm, RequestObserver
+from gateway.control.knee_search.capacity import kv_cap
+from gateway.control.config import AimdConfig
+from gateway.control.observation import GpuHeadroom, Headroom, LimiterState
+from gateway.control.controller import UpstreamControl
+from gateway.control.share import Peers
+from gateway.control.window import RequestSample
+from gateway.server.feedback.algorithm_path import load_factory
+from gateway.server.parts import Gateway
+from gateway.server.feedback.share_board import ShareBoard
+from gateway.server.feedback.start_points import load_start_points
+from gateway.telemetry.backends import BackendScraper, BackendSnapshot
+from gateway.telemetry.nvml import GpuSource, NvmlSource
+from gateway.server.upstream.pool import Upstream
+
+log = logging.getLogger("sweetspot.controller")
+
+NOT_SCRAPED = BackendSnapshot(kind="openai", error="not scraped yet")
+# The `reason` label values of sweetspot_upstream_retries_total (upstream_client.py, routes/proxied.py).
+RETRY_REASONS = ("stale_connection", "failover")
+
+
+@dataclass
+class ControlLoop:
+    """The controllers and headroom sources of one gateway."""
+
+    gateway: Gateway
+    gpu_source: GpuSource
+    scrapers: dict[str, BackendScraper] = field(default_factory=dict)
+    controls: dict[str, UpstreamControl] = field(default_factory=dict)
+    gpus: list[GpuHeadroom] = field(default_factory=list)
+    gpus_at: float | None = None
+    board: ShareBoard | None = None  # the replicas' shared state, when configured
+
+    @classmethod
+    def build(cls, gateway: Gateway, gpu_source: GpuSource | None = None) -> "ControlLoop":
+        settings = gateway.settings
+        loop = cls(gateway, gpu_source or NvmlSource(settings.gpus))
+        starts = load_start_points(settings.sweep_result, [upstream.name for upstream in gateway.pool])
+        config = AimdConfig.from_settings(settings)
+        factory = load_factory(settings.algorithm) if settings.algorithm and settings.control_enabled else None
+        for objective, value in (("ttft_p99", settings.ttft_p99_slo_s), ("tpot_p99", settings.tpot_p99_slo_s)):
+            _set_or_absent(gateway.metrics.objective, objective, value)
+        for upstream in gateway.pool:
+            start = starts.get(upstream.name)
+            # Series that exist from the start at 0 (a counter nothing has incremented yet is a real 0),
+            # so rate() over them is 0 rather than no data.
+            for reason in RETRY_REASONS:
+                gateway.metrics.upstream_retries.labels(upstream.name, reason)
+            gateway.metrics.backend_scrape_errors.labels(upstream.name)
+            algorithm: LimitAlgorithm | None = factory() if factory is not None else None
+            if algorithm is not None:
+                initial = algorithm.limit  # another algorithm starts where it says
+            else:
+                initial = start.limit if start is not None else settings.initial_limit
+            initial = loop.bounded(initial)
+            upstream.limiter.set_limit(initial)
+            if start is not None:
+                gateway.metrics.sweet_spot.labels(upstream.name).set(start.limit)
+                if start.peak_tokens_per_s:
+                    gateway.metrics.sweep_peak_tokens_per_s.labels(upstream.name).set(start.peak_tokens_per_s)
+            if settings.control_enabled:
+                control = UpstreamControl(upstream.name, config, initial_limit=initial, start=start, algorithm=algorithm)
+                loop.controls[upstream.name] = control
+                if isinstance(control.algorithm, RequestObserver):
+                    upstream.limiter.on_end = loop.request_listener(upstream, control.algorithm)
+        if settings.share_redis_url and loop.controls:
+            loop.board = ShareBoard(settings.share_redis_url, settings.share_ttl_s)
+        return loop
+
+    def bounded(self, limit: int) -> int:
+        """``limit`` within the gateway's ``limit_min`` and ``limit_max``."""
+        settings = self.gateway.settings
+        return max(settings.limit_min, min(limit, settings.limit_max))
+
+    def request_listener(self, upstream: Upstream, algorithm: RequestObserver) -> Callable[[RequestSample, int, int], None]:
+        """The limiter's ``on_end`` for an algorithm that learns from each request as it ends."""
+        limiter, clock = upstream.limiter, self.gateway.clock
+
+        def ended(sample: RequestSample, inflight_at_start: int, inflight: int) -> None:
+            try:
+                limit = self.bounded(algorithm.on_request(clock(), sample, inflight_at_start, inflight))
+            except Exception:
+                log.exception("the algorithm of %s failed on a request's end; its limit stays %d",
+                              upstream.name, limiter.limit)
+                return
+            if limit != limiter.limit:
+                limiter.set_limit(limit)  # the queue is dispatched next, by the release that called this
+
+        return ended
+
+    def start(self) -> None:
+        """Create the scrapers; needs the running event loop (they share the upstream session)."""
+        settings = self.gateway.settings
+        for upstream in self.gateway.pool:
+            self.scrapers[upstream.name] = BackendScraper(
+                upstream.url, kind=settings.backend, session=self.gateway.client.poll_session,
+                api_key=settings.upstream_api_key, clock=self.gateway.clock,
+                timeout_s=min(settings.metrics_interval_s, 5.0),
+                read_health=False,  # the health poll (gateway.server.upstream.pool) reads /health already
+            )
+            self._bind_gauges(upstream)
+
+    # --- gauges read at scrape time ---------------------------------------------------------------
+    def _bind_gauges(self, upstream: Upstream) -> None:
+        """What the backend does not report stays absent from /metrics (the readers return None)."""
+        metrics, name, clock = self.gateway.metrics, upstream.name, self.gateway.clock
+        scraper = self.scrapers[name]
+        reading_since = clock()
+
+        def age() -> float:
+            value = scraper.latest.age(clock())
+            return clock() - reading_since if value is None else value
+
+        labels = (name,)
+        metrics.backend_kv_usage.bind(labels, lambda: scraper.latest.kv_usage)
+        metrics.backend_running.bind(labels, lambda: scraper.latest.running)
+        metrics.backend_waiting.bind(labels, lambda: scraper.latest.waiting)
+        metrics.backend_preemptions.bind(labels, lambda: scraper.latest.preemptions_total)
+        metrics.backend_metrics_age.bind(labels, age)
+
+    # --- loops --------------------------------------------------------------------------------------
+    async def scrape(self, names: list[str] | None = None) -> None:
+        """Scrape every upstream's backend, or those ``names``."""
+        async def one(name: str, scraper: BackendScraper) -> None:
+            snapshot = await scraper.scrape()
+            self.gateway.pool.by_name[name].streams_keep_alive = scraper.kind == "vllm"
+            if snapshot.error is not None:
+                self.gateway.metrics.backend_scrape_errors.labels(name).inc()
+
+        await asyncio.gather(*(one(name, scraper) for name, scraper in self.scrapers.items()
+                               if names is None or name in names))
+
+    async def read_gpus(self) -> None:
+        gpus = await asyncio.to_thread(self.gpu_source.read)
+        self.gpus, self.gpus_at = gpus, self.gateway.clock()
+        for gpu in gpus:
+            label = str(gpu.index)
+            self.gateway.metrics.gpu_memory_free_ratio.labels(label).set(gpu.memory_free_ratio)
+            if gpu.utilization is not None:
+                self.gateway.metrics.gpu_utilization_ratio.labels(label).set(gpu.utilization)
+
+    async def control(self) -> None:
+        peers: dict[str, Peers | None] = {}
+        if self.board is not None:
+            for name in self.controls:
+                upstream = self.gateway.pool.by_name[name]
+                demand = upstream.limiter.inflight + self.gateway.queue.depth_for(name)
+                peers[name] = await self.board.exchange(upstream.url, demand, upstream.limiter.limit)
+        # A controller metering by the backend's token counter reads it fresh: its readings end at a scrape.
+        fresh = [name for name, control in self.controls.items() if control.accounting.counting_backend]
+        if fresh:
+            await self.scrape(fresh)
+        now = self.gateway.clock()
+        for name, control in self.controls.items():
+            self.tick_one(self.gateway.pool.by_name[name], control, now, peers=peers.get(name))
+
+    def tick_one(self, upstream: Upstream, control: UpstreamControl, now: float, *,
+                 peers: Peers | None = None) -> Decision:
+        gateway = self.gateway
+        limiter = upstream.limiter
+        scraper = self.scrapers.get(upstream.name)
+        snapshot = scraper.latest if scraper is not None else NOT_SCRAPED
+        state = LimiterState(limit=limiter.limit, inflight=limiter.inflight, peak_inflight=limiter.take_peak(),
+                             queue_depth=gateway.queue.depth_for(upstream.name))
+        cap = hard_cap(snapshot, upstream, gateway.settings.kv_capacity_tokens, gateway.settings.backend_max_seqs, now)
+        decision = control.tick(now, upstream.window, state, self.headroom(snapshot), hard_cap=cap, peers=peers)
+        limit = self.bounded(decision.limit)
+        if limit != limiter.limit:
+            limiter.set_limit(limit)
+            gateway.queue.dispatch()
+        metrics = gateway.metrics
+        metrics.decisions.labels(upstream.name, decision.action.value, decision.reason.value).inc()
+        _set_or_absent(metrics.hard_cap, upstream.name, cap)
+        stats = control.last_stats
+        if stats is not None:
+            metrics.window_tokens_per_s.labels(upstream.name).set(stats.output_tokens_per_s)
+            _set_or_absent(metrics.window_ttft_p99, upstream.name, stats.upstream_ttft_p99)
+            _set_or_absent(metrics.window_tpot_p99, upstream.name, stats.tpot_p99)
+        if decision.changed:
+            log.info("limit changed", extra=control.log_fields(decision))
+        return decision
+
+    def headroom(self, snapshot: BackendSnapshot) -> Headroom:
+        return Headroom(
+            gpus=tuple(self.gpus), gpus_at=self.gpus_at, gpus_reason=self.gpu_source.reason,
+            kv_usage=snapshot.kv_usage,
+            backend_running=None if snapshot.running is None else int(snapshot.running),
+            backend_waiting=None if snapshot.waiting is None else int(snapshot.waiting),
+            preemptions_total=snapshot.preemptions_total,
+            generation_tokens_total=snapshot.generation_tokens_total,
+            generation_tokens_live=snapshot.generation_tokens_live,
+            backend_at=snapshot.taken_at,
+        )
+
+    async def leave_board(self) -> None:
+        """On shutdown: this replica's shared entries go, so the others take its share at once."""
+        if self.board is not None:
+            await self.board.leave()
+            await self.board.close()
+
+    def close(self) -> None:
+        self.gpu_source.close()
+
+
+def hard_cap(snapshot: BackendSnapshot, upstream: Upstream, planned_kv_tokens: int | None,
+             max_seqs: int | None, now: float) -> int | None:
+    """The most concurrency the upstream can hold: the smallest of what is known of its scheduler's own
+    cap (llama-server's slots; vLLM's ``--max-num-seqs``, which it does not publish, so it comes from
+    ``backend_max_seqs``) and how many typical requests its KV cache holds (``capacity.kv_cap``, from
+    recent requests, the last known after an idle spell). Past the scheduler's cap requests only wait
+    inside the backend, where the gateway can neither order nor time them out. None when nothing is known."""
+    caps: list[int] = []
+    if snapshot.total_slots:
+        caps.append(int(snapshot.total_slots))
+    if max_seqs:
+        caps.append(max_seqs)
+    capacity = snapshot.kv_capacity_tokens or planned_kv_tokens
+    footprint = upstream.request_footprint(now) if capacity else None
+    if capacity and footprint is not None:
+        block = snapshot.kv_block_size if snapshot.kv_capacity_tokens else None
+        caps.append(kv_cap(capacity, block, footprint))
+    return min(caps) if caps else None
+
+
+def _set_or_absent(gauge: Gauge, label: str, value: float | None) -> None:
+    """Unknown is no series, not NaN or 0: a NaN poisons every sum it joins, a 0 reads as a real cap."""
+    if value is None:
+        gauge.remove(label)
+    else:
+        gauge.labels(label).set(value)

@@ -1,0 +1,99 @@
+"""The upstreams the gateway knows: their limiter, measurement window, health and served models.
+
+Health and models are written by the health poll (:mod:`gateway.server.upstream.health`), and health also by the
+request path (:meth:`Upstream.mark_down`: a refused connection, or requests that keep timing out while
+``/health`` still answers); a request for a model no upstream serves gets a 404 instead of a slot, and a
+request goes only to upstreams that serve its model. Clients are told an upstream's ``public_name``,
+never its URL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.control.knee_search.capacity import Footprint
+from gateway.control.window import SlidingWindow
+from gateway.server.admission.admission_queue import Limiter
+
+
+@dataclass
+class Upstream:
+    """One backend server and everything the gateway tracks about it."""
+
+    url: str
+    limiter: Limiter
+    window: SlidingWindow
+    public_name: str = "upstream"
+    models: list[dict[str, Any]] | None = None  # None: not known (listing failed or unsupported)
+    healthy: bool = True
+    health_error: str | None = None
+    last_health_check: float | None = None
+    silent_probes: int = 0  # health polls in a row that got no answer
+    timeouts_in_a_row: int = 0  # requests in a row that timed out
+    down_until: float = 0.0  # (monotonic) the health poll may not bring it back before this
+    # Streams may stay on pooled connections: set once the backend is known to keep a connection usable
+    # after a streamed reply (vLLM). Until then, and for llama-server, streams ask for "Connection: close".
+    streams_keep_alive: bool = False
+    _footprint: Footprint | None = None
+
+    @property
+    def name(self) -> str:
+        return self.url
+
+    def request_footprint(self, now: float) -> Footprint | None:
+        """The KV a typical request takes, from the window's requests (``Footprint.update``: the last known
+        when too few ended within it)."""
+        self._footprint = Footprint.update(self._footprint, self.window.samples(now))
+        return self._footprint
+
+    def mark_down(self, error: str, *, until: float = 0.0) -> None:
+        """The request path found the upstream unusable: out of rotation until the health poll brings it
+        back, and not before ``until``."""
+        self.healthy = False
+        self.health_error = error
+        self.down_until = max(self.down_until, until)
+
+    def request_ended(self, timed_out: bool, *, timeouts_to_down: int, now: float, hold_s: float) -> None:
+        """Count timeouts in a row; past ``timeouts_to_down`` the upstream is taken out for ``hold_s``."""
+        if not timed_out:
+            self.timeouts_in_a_row = 0
+            return
+        self.timeouts_in_a_row += 1
+        if self.timeouts_in_a_row >= timeouts_to_down and self.healthy:
+            self.mark_down(f"{self.timeouts_in_a_row} requests in a row timed out", until=now + hold_s)
+
+    def serves(self, model: str) -> bool:
+        """Unknown model lists serve everything: never refuse on missing information."""
+        return self.models is None or any(entry.get("id") == model for entry in self.models)
+
+
+class UpstreamPool:
+    """All upstreams, looked up by URL, plus the health/model polling they need."""
+
+    def __init__(self, upstreams: list[Upstream]) -> None:
+        if not upstreams:
+            raise ValueError("at least one upstream is required")
+        self.upstreams = upstreams
+        self.by_name = {upstream.name: upstream for upstream in upstreams}
+
+    def __iter__(self) -> Iterator[Upstream]:
+        return iter(self.upstreams)
+
+    def eligible(self, model: str) -> list[str]:
+        return [upstream.name for upstream in self.upstreams if upstream.serves(model)]
+
+    def models_known(self) -> bool:
+        return all(upstream.models is not None for upstream in self.upstreams)
+
+    def all_models(self) -> list[dict[str, Any]]:
+        """The union of the upstreams' model lists, first listing wins for duplicate ids."""
+        seen: dict[str, dict[str, Any]] = {}
+        for upstream in self.upstreams:
+            for entry in upstream.models or []:
+                seen.setdefault(str(entry.get("id")), entry)
+        return list(seen.values())
+
+    def any_healthy(self) -> bool:
+        return any(upstream.healthy for upstream in self.upstreams)

@@ -1,0 +1,171 @@
+"""The upstream client: one pooled aiohttp session that sends a request and waits for its status line,
+deciding what a failure means for the request: sent again on the same upstream (a kept connection found
+closed, which the server never read: :mod:`gateway.common.resend`), failed over to another upstream (the
+first provably did not process it: refused connection, connect timeout, an explicit 503 or 429), or
+answered with an error (anything else: the upstream may have run it, and a duplicated generation is worse
+than an error).
+
+The client is aiohttp because it spends less CPU per request than httpx, which decides how much of a
+small CPU the gateway leaves to everything else (``python -m bench.upstream_client`` compares them; the
+README has the figures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import aiohttp
+
+from gateway.common.resend import ConnectionUse, ReuseAwareConnector, is_stale, watching_reuse
+from gateway.telemetry.metrics import GatewayMetrics
+
+STALE_RETRIES = 2  # resends of a request whose kept connection was found closed (see gateway.common.resend)
+#: Answers that say the upstream refused the request without running it: another upstream may take it.
+REFUSAL_STATUSES = frozenset({429, 503})
+
+
+class UpstreamFailed(Exception):
+    """The upstream failed before its answer began. ``not_processed``: it provably did not run the request
+    (another upstream may); ``connect_failed``: nothing listens there (its health is down)."""
+
+    def __init__(self, message: str, *, not_processed: bool, connect_failed: bool = False,
+                 status: int | None = None, body: bytes | None = None, retry_after: str | None = None) -> None:
+        super().__init__(message)
+        self.not_processed = not_processed
+        self.connect_failed = connect_failed
+        self.status = status  # the upstream's own error status, when it answered one
+        self.body = body
+        self.retry_after = retry_after  # the upstream's own Retry-After, if it sent one
+
+
+class UpstreamTimeout(Exception):
+    """The upstream did not start its answer in time: the request was cancelled there."""
+
+
+@dataclass
+class UpstreamReply:
+    """An upstream response whose status and headers have arrived; the body is still unread."""
+
+    response: aiohttp.ClientResponse
+
+    @property
+    def status(self) -> int:
+        return self.response.status
+
+    def close(self) -> None:
+        self.response.close()
+
+
+class UpstreamClient:
+    """One pooled aiohttp session for all upstream traffic.
+
+    ``total_timeout_s`` bounds a whole request; a streamed one also ends when the upstream is silent for
+    ``stream_idle_timeout_s`` between two reads (aiohttp's ``sock_read``)."""
+
+    def __init__(self, *, connect_timeout_s: float, total_timeout_s: float, stream_idle_timeout_s: float,
+                 metrics: GatewayMetrics) -> None:
+        self._connect_timeout_s = connect_timeout_s
+        self._buffered = aiohttp.ClientTimeout(total=total_timeout_s, connect=connect_timeout_s)
+        self._streamed = aiohttp.ClientTimeout(total=total_timeout_s, connect=connect_timeout_s,
+                                               sock_read=stream_idle_timeout_s)
+        self._metrics = metrics
+        self._session: aiohttp.ClientSession | None = None
+        self._poll_session: aiohttp.ClientSession | None = None
+
+    @property
+    def poll_session(self) -> aiohttp.ClientSession:
+        """The session of the gateway's own GETs (health poll, backend scrape). A pool apart from the requests'
+        own, so a proxied request never goes out on a connection a poll left behind: a request's kept
+        connection was last used by a request, and :mod:`gateway.common.resend`'s rule is about those."""
+        if self._poll_session is None:
+            self._poll_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4, enable_cleanup_closed=True),
+                cookie_jar=aiohttp.DummyCookieJar(), timeout=self._buffered, skip_auto_headers=("User-Agent",))
+        return self._poll_session
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # Idle connections are dropped before the servers' own 5 s (uvicorn's under vLLM, cpp-httplib's
+            # under llama-server) would close them under a request being written.
+            connector = ReuseAwareConnector(limit=0, keepalive_timeout=4, enable_cleanup_closed=True)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                # One session serves every client: an upstream's cookies must not reach the next client.
+                cookie_jar=aiohttp.DummyCookieJar(),
+                timeout=self._buffered,
+                skip_auto_headers=("User-Agent",),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        for session in (self._session, self._poll_session):
+            if session is not None:
+                await session.close()
+        self._session = self._poll_session = None
+
+    async def send(self, base_url: str, path: str, body: bytes, headers: dict[str, str], *, name: str,
+                   stream: bool, headers_timeout_s: float) -> UpstreamReply:
+        """POST and wait for the status line (at most ``headers_timeout_s``). ``name`` is how the upstream is
+        called in messages a client may read (never its URL).
+
+        Raises :class:`UpstreamFailed` when the answer never began or was a 5xx/429 (its ``not_processed``
+        says whether another upstream may be tried), :class:`UpstreamTimeout` when it did not begin in time.
+        A kept connection found closed is sent again, up to :data:`STALE_RETRIES` times."""
+        url = base_url + path
+        timeout = self._streamed if stream else self._buffered
+        for tried in range(STALE_RETRIES + 1):
+            use = ConnectionUse()
+            try:
+                with watching_reuse(use):
+                    async with asyncio.timeout(headers_timeout_s):
+                        response = await self.session.post(url, data=body, headers=headers, timeout=timeout)
+                break
+            except aiohttp.ClientConnectorError as exc:
+                raise UpstreamFailed(f"cannot connect to {name}", not_processed=True, connect_failed=True) from exc
+            except aiohttp.ConnectionTimeoutError as exc:
+                raise UpstreamFailed(f"cannot connect to {name} within {self._connect_timeout_s:g} s",
+                                     not_processed=True, connect_failed=True) from exc
+            except asyncio.TimeoutError as exc:
+                raise UpstreamTimeout(f"{name} did not answer within {headers_timeout_s:g} s") from exc
+            except aiohttp.ClientError as exc:
+                if is_stale(exc, use):
+                    if tried < STALE_RETRIES:
+                        self._metrics.upstream_retries.labels(base_url, "stale_connection").inc()
+                        continue
+                    raise UpstreamFailed(f"{name} closed every kept connection", not_processed=True) from exc
+                # The request went out on a fresh connection: the upstream may be running it.
+                raise UpstreamFailed(f"{name} dropped the connection before answering ({type(exc).__name__})",
+                                     not_processed=False) from exc
+        if response.status >= 500 or response.status in REFUSAL_STATUSES:
+            payload = await _read_quietly(response)
+            raise UpstreamFailed(
+                f"{name} answered {response.status}", not_processed=response.status in REFUSAL_STATUSES,
+                status=response.status, body=payload, retry_after=response.headers.get("Retry-After"),
+            )
+        return UpstreamReply(response)
+
+
+    async def forward(self, method: str, base_url: str, path: str, body: bytes | None, headers: dict[str, str], *,
+                      name: str, timeout_s: float) -> tuple[int, str, bytes]:
+        """A light request (tokenize, count tokens, a stored response): sent once, read whole. Returns the
+        status, content type and body; raises :class:`UpstreamFailed` when no answer came."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self.session.request(method, base_url + path, data=body, headers=headers) as response:
+                    payload = await response.read()
+                    return response.status, response.headers.get("content-type", "application/json"), payload
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            connect = isinstance(exc, aiohttp.ClientConnectorError)
+            raise UpstreamFailed(f"{name} did not answer ({type(exc).__name__})", not_processed=connect,
+                                 connect_failed=connect) from exc
+
+
+async def _read_quietly(response: aiohttp.ClientResponse) -> bytes:
+    try:
+        return await response.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return b""
+    finally:
+        response.release()
