@@ -68,8 +68,7 @@ def start_nginx(upstream: str) -> tuple[RunningProcess, str, tempfile.TemporaryD
     target = urlsplit(upstream)
     port = free_port()
     conf = Path(tmp.name) / "nginx.conf"
-    conf.write_text(CONFIG.format(tmp=tmp.name, upstream_host=target.hostname, upstream_port=target.port,
-                                  port=port))
+    conf.write_text(CONFIG.format(tmp=tmp.name, upstream_host=target.hostname, upstream_port=target.port, port=port))
     url = f"http://127.0.0.1:{port}"
     try:
         proc = start_process([binary, "-c", str(conf), "-p", tmp.name], ready_url=f"{url}/health", timeout=10)

@@ -30,19 +30,18 @@ from pathlib import Path
 from typing import Any
 
 from gateway.control.algorithm import LimitAlgorithm
-from gateway.control.config import AimdConfig
-from testbed.scenarios.catalogue import SCENARIOS, PhaseResult, Scenario, by_name, run, sweep_start
-from gateway.sim.profiles import get_profile
 from gateway.control.baselines import (
     AimdLatencyLimit,
     EnvoyGradient,
     Gradient2Limit,
-    StaticLimit,
     ThresholdGate,
     VegasLimit,
 )
 from gateway.control.baselines.envoy_gradient import CONCURRENCY_UPDATE_INTERVAL_S
 from gateway.control.baselines.threshold import REFRESH_METRICS_INTERVAL_S
+from gateway.control.config import AimdConfig
+from gateway.sim.profiles import get_profile
+from testbed.scenarios.catalogue import SCENARIOS, PhaseResult, Scenario, by_name, run, sweep_start
 
 BEGIN, END = "<!-- baselines:begin -->", "<!-- baselines:end -->"
 CONTROLLER = "controller"
@@ -81,13 +80,25 @@ def _per_request(factory: Callable[[], LimitAlgorithm]) -> Callable[[Scenario, A
 SCHEMES: tuple[Scheme, ...] = (
     Scheme(CONTROLLER, "sweetspot controller", lambda scenario, config: {}),
     Scheme("static_sweep", "static at the sweep's sweet spot", _static_sweet_spot),
-    Scheme("static_max", "static at --max-num-seqs",
-           lambda scenario, config: {"static_limit": get_profile(scenario.profile).max_num_seqs}),
-    Scheme("threshold", "threshold (GIE: waiting < 5, KV < 0.8)",
-           lambda scenario, config: {"algorithm": ThresholdGate, "control_interval_s": REFRESH_METRICS_INTERVAL_S,
-                                     "scrape_interval_s": REFRESH_METRICS_INTERVAL_S}),
-    Scheme("envoy_gradient", "Envoy gradient controller",
-           lambda scenario, config: {"algorithm": EnvoyGradient, "control_interval_s": CONCURRENCY_UPDATE_INTERVAL_S}),
+    Scheme(
+        "static_max",
+        "static at --max-num-seqs",
+        lambda scenario, config: {"static_limit": get_profile(scenario.profile).max_num_seqs},
+    ),
+    Scheme(
+        "threshold",
+        "threshold (GIE: waiting < 5, KV < 0.8)",
+        lambda scenario, config: {
+            "algorithm": ThresholdGate,
+            "control_interval_s": REFRESH_METRICS_INTERVAL_S,
+            "scrape_interval_s": REFRESH_METRICS_INTERVAL_S,
+        },
+    ),
+    Scheme(
+        "envoy_gradient",
+        "Envoy gradient controller",
+        lambda scenario, config: {"algorithm": EnvoyGradient, "control_interval_s": CONCURRENCY_UPDATE_INTERVAL_S},
+    ),
     Scheme("gradient2", "Netflix Gradient2", _per_request(Gradient2Limit)),
     Scheme("vegas", "Netflix Vegas", _per_request(VegasLimit)),
     Scheme("aimd_latency", "Netflix AIMD (latency)", _per_request(AimdLatencyLimit)),
@@ -97,11 +108,22 @@ SCHEMES: tuple[Scheme, ...] = (
 # 5 s timeout (every chat answer exceeds it) and Envoy's minRTT interval (the docs' example 60 s). Shown
 # beside the defaults (``--variants``) so the verdict cannot hinge on one number; the goal counts defaults.
 VARIANTS: tuple[Scheme, ...] = (
-    *(Scheme(f"aimd_latency_{timeout:.0f}s", f"Netflix AIMD (latency), timeout {timeout:.0f} s",
-             _per_request(partial(AimdLatencyLimit, timeout_s=timeout))) for timeout in (15.0, 30.0, 60.0)),
-    Scheme("envoy_gradient_600s", "Envoy gradient controller, minRTT every 600 s",
-           lambda scenario, config: {"algorithm": partial(EnvoyGradient, min_rtt_interval_s=600.0),
-                                     "control_interval_s": CONCURRENCY_UPDATE_INTERVAL_S}),
+    *(
+        Scheme(
+            f"aimd_latency_{timeout:.0f}s",
+            f"Netflix AIMD (latency), timeout {timeout:.0f} s",
+            _per_request(partial(AimdLatencyLimit, timeout_s=timeout)),
+        )
+        for timeout in (15.0, 30.0, 60.0)
+    ),
+    Scheme(
+        "envoy_gradient_600s",
+        "Envoy gradient controller, minRTT every 600 s",
+        lambda scenario, config: {
+            "algorithm": partial(EnvoyGradient, min_rtt_interval_s=600.0),
+            "control_interval_s": CONCURRENCY_UPDATE_INTERVAL_S,
+        },
+    ),
 )
 
 
@@ -160,9 +182,18 @@ def run_scheme(scheme: Scheme, scenario: Scenario, config: AimdConfig) -> Run:
 
 
 # --- the report ------------------------------------------------------------------------------------
-HEADER = ("scenario", "scheme", "goodput / best static, per phase", "overall", "vs controller",
-          "p99 TTFT (worst phase)", "p99 TPOT (worst phase)", "preemptions", "median limit, per phase",
-          "converged after, per phase")
+HEADER = (
+    "scenario",
+    "scheme",
+    "goodput / best static, per phase",
+    "overall",
+    "vs controller",
+    "p99 TTFT (worst phase)",
+    "p99 TPOT (worst phase)",
+    "preemptions",
+    "median limit, per phase",
+    "converged after, per phase",
+)
 
 
 def _ms(value: float | None) -> str:
@@ -175,14 +206,24 @@ def row(outcome: Run, controller: Run) -> tuple[str, ...]:
     vs = "-" if outcome.scheme == CONTROLLER else _times(_ratio(controller.goodput, outcome.goodput))
     converged = " / ".join(
         "-" if p.oracle is None else ("never" if p.convergence_s is None else f"{p.convergence_s:.0f} s")
-        for p in outcome.phases)
+        for p in outcome.phases
+    )
     label = label_of(outcome.scheme)
     if outcome.static_limit is not None:
         label += f" ({outcome.static_limit})"
     medians = " / ".join("-" if p.settled is None else f"{p.settled:g}" for p in outcome.phases)
-    return (outcome.scenario, label, ratios, "-" if overall is None else f"{overall:.2f}", vs,
-            _ms(outcome.worst(lambda p: p.ttft_p99)), _ms(outcome.worst(lambda p: p.tpot_p99)),
-            str(outcome.preemptions), medians, converged)
+    return (
+        outcome.scenario,
+        label,
+        ratios,
+        "-" if overall is None else f"{overall:.2f}",
+        vs,
+        _ms(outcome.worst(lambda p: p.ttft_p99)),
+        _ms(outcome.worst(lambda p: p.tpot_p99)),
+        str(outcome.preemptions),
+        medians,
+        converged,
+    )
 
 
 def label_of(name: str) -> str:
@@ -237,10 +278,23 @@ def goal_text(found: list[Verdict]) -> str:
     shifting = [v for v in found if v.scenario in SHIFTING]
     wins = [v for v in shifting if v.ratio >= GOAL_RATIO]
     below = [v for v in found if v.ratio < GOAL_FLOOR]
-    header = ("scenario", "controller goodput", *(f"controller / {name}" for name in schemes), "best of them",
-              "controller / best")
-    rows = [(v.scenario + (" (shifting)" if v.scenario in SHIFTING else ""), f"{v.controller:.0f} tok/s",
-             *(_times(v.ratios[name]) for name in schemes), v.best, _times(v.ratio)) for v in found]
+    header = (
+        "scenario",
+        "controller goodput",
+        *(f"controller / {name}" for name in schemes),
+        "best of them",
+        "controller / best",
+    )
+    rows = [
+        (
+            v.scenario + (" (shifting)" if v.scenario in SHIFTING else ""),
+            f"{v.controller:.0f} tok/s",
+            *(_times(v.ratios[name]) for name in schemes),
+            v.best,
+            _times(v.ratio),
+        )
+        for v in found
+    ]
     per_scheme = [f"{name} {sum(v.ratios[name] >= GOAL_RATIO for v in shifting)}/{len(shifting)}" for name in schemes]
     held = len(wins) >= GOAL_WINS and not below
     lines = [
@@ -251,10 +305,12 @@ def goal_text(found: list[Verdict]) -> str:
         "objectives over every phase's judged interval (from 30 s into it), phases without an oracle included.",
         "",
         f"- >= {GOAL_RATIO}x the best of them on {len(wins)} of {len(shifting)} shifting scenarios"
-        + (f" ({', '.join(v.scenario for v in wins)})" if wins else "") + "; against each scheme alone, the "
+        + (f" ({', '.join(v.scenario for v in wins)})" if wins else "")
+        + "; against each scheme alone, the "
         f"shifting scenarios where the controller gets >= {GOAL_RATIO}x: " + ", ".join(per_scheme) + ".",
         f"- below {GOAL_FLOOR}x of some scheme on {len(below)} scenario(s)"
-        + (": " + ", ".join(f"{v.scenario} ({v.ratio:.2f}x {v.best})" for v in below) if below else "") + ".",
+        + (": " + ", ".join(f"{v.scenario} ({v.ratio:.2f}x {v.best})" for v in below) if below else "")
+        + ".",
         f"- **The goal {'holds' if held else 'does not hold'}** in this run.",
     ]
     return "\n".join(lines) + "\n"
@@ -281,8 +337,13 @@ def plot(outcomes: dict[str, Run], directory: Path, clients: int) -> Path:
     reference = outcomes[CONTROLLER] if CONTROLLER in outcomes else next(iter(outcomes.values()))
     fig, ax = plt.subplots(figsize=(11, 4.2))
     top = 0
-    colours = {"threshold": "tab:red", "envoy_gradient": "tab:purple", "gradient2": "tab:brown",
-               "vegas": "tab:pink", "aimd_latency": "tab:orange"}
+    colours = {
+        "threshold": "tab:red",
+        "envoy_gradient": "tab:purple",
+        "gradient2": "tab:brown",
+        "vegas": "tab:pink",
+        "aimd_latency": "tab:orange",
+    }
     for name, outcome in outcomes.items():
         points = outcome.limits()
         label = label_of(name)
@@ -304,9 +365,11 @@ def plot(outcomes: dict[str, Run], directory: Path, clients: int) -> Path:
             ax.fill_between([phase.start, phase.end], *phase.band, color="tab:green", alpha=0.12, lw=0)
         ax.axvline(phase.start, color="grey", lw=0.5)
         ax.text(phase.start + 2, top * 1.08, phase.phase, fontsize=8, va="top")
-    ax.set(title=f"{reference.scenario}: concurrency limit by scheme (green: oracle sweet spot +-20%)",
-           xlabel="simulated seconds",
-           ylabel="concurrency limit (all gateways)" + (f"\nclipped above {top}" if clipped else ""))
+    ax.set(
+        title=f"{reference.scenario}: concurrency limit by scheme (green: oracle sweet spot +-20%)",
+        xlabel="simulated seconds",
+        ylabel="concurrency limit (all gateways)" + (f"\nclipped above {top}" if clipped else ""),
+    )
     ax.set_ylim(0, top * 1.12 + 1)
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
@@ -321,8 +384,11 @@ def main() -> None:
     parser.add_argument("scenarios", nargs="*", help="scenario names (default: all; --quick: the shifting ones)")
     parser.add_argument("--quick", action="store_true", help="only the five shifting scenarios of the goal")
     parser.add_argument("--schemes", default=None, help="comma-separated scheme names (default: all)")
-    parser.add_argument("--variants", action="store_true",
-                        help="also run AIMD with other timeouts and Envoy with a rarer minRTT window (not in the goal)")
+    parser.add_argument(
+        "--variants",
+        action="store_true",
+        help="also run AIMD with other timeouts and Envoy with a rarer minRTT window (not in the goal)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="run every scenario with this seed")
     parser.add_argument("--docs", type=Path, default=None, help="markdown file whose baselines section to rewrite")
     parser.add_argument("--plot", type=Path, default=None, help="write one PNG per scenario into this folder")
@@ -347,8 +413,11 @@ def main() -> None:
         for scheme in schemes:
             outcome = run_scheme(scheme, scenario, config)
             outcomes[scenario.name][scheme.name] = outcome
-            print(f"{scenario.name:24} {scheme.name:16} goodput {outcome.goodput:7.0f} tok/s  "
-                  f"best-static ratio {outcome.best_static_ratio or 0:.3f}  ({outcome.cpu_s:.1f} s CPU)", flush=True)
+            print(
+                f"{scenario.name:24} {scheme.name:16} goodput {outcome.goodput:7.0f} tok/s  "
+                f"best-static ratio {outcome.best_static_ratio or 0:.3f}  ({outcome.cpu_s:.1f} s CPU)",
+                flush=True,
+            )
     rows = [row(o, by_scheme[CONTROLLER]) for by_scheme in outcomes.values() for o in by_scheme.values()]
     table = markdown(HEADER, rows)
     found = verdicts(outcomes)
@@ -361,7 +430,9 @@ def main() -> None:
         main_schemes = {s.name for s in SCHEMES}
         for scenario in scenarios:
             clients = max(sum(phase.conditions.clients) for phase in scenario.phases)
-            plot({name: run for name, run in outcomes[scenario.name].items() if name in main_schemes}, args.plot, clients)
+            plot(
+                {name: run for name, run in outcomes[scenario.name].items() if name in main_schemes}, args.plot, clients
+            )
     if args.docs is not None:
         command = "python -m bench.baselines " + " ".join(sys.argv[1:])
         pictures = ""
@@ -370,18 +441,37 @@ def main() -> None:
             shown = [name for name in outcomes if name in SHIFTING]
             linked = [name for name in outcomes if name not in SHIFTING]
             pictures = "\nEvery scheme's limit over time, one picture per scenario" + (
-                " (the others: " + ", ".join(f"[{name}]({rel}/{name}.png)" for name in linked) + ")" if linked else "")
+                " (the others: " + ", ".join(f"[{name}]({rel}/{name}.png)" for name in linked) + ")" if linked else ""
+            )
             pictures += ":\n\n" + "\n\n".join(f"![{name}]({rel}/{name}.png)" for name in shown) + "\n"
         update_docs(args.docs, f"<!-- generated by: {command.strip()} -->\n\n{table}\n{goal}{pictures}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = [{
-            "scenario": o.scenario, "scheme": o.scheme, "static_limit": o.static_limit, "goodput": o.goodput,
-            "best_static_ratio": o.best_static_ratio, "preemptions": o.preemptions,
-            "phases": [{"phase": p.phase, "goodput": p.goodput, "goodput_ratio": p.goodput_ratio,
-                        "ttft_p99_s": p.ttft_p99, "tpot_p99_s": p.tpot_p99, "preemptions": p.preemptions,
-                        "convergence_s": p.convergence_s, "settled": p.settled} for p in o.phases],
-        } for by_scheme in outcomes.values() for o in by_scheme.values()]
+        payload = [
+            {
+                "scenario": o.scenario,
+                "scheme": o.scheme,
+                "static_limit": o.static_limit,
+                "goodput": o.goodput,
+                "best_static_ratio": o.best_static_ratio,
+                "preemptions": o.preemptions,
+                "phases": [
+                    {
+                        "phase": p.phase,
+                        "goodput": p.goodput,
+                        "goodput_ratio": p.goodput_ratio,
+                        "ttft_p99_s": p.ttft_p99,
+                        "tpot_p99_s": p.tpot_p99,
+                        "preemptions": p.preemptions,
+                        "convergence_s": p.convergence_s,
+                        "settled": p.settled,
+                    }
+                    for p in o.phases
+                ],
+            }
+            for by_scheme in outcomes.values()
+            for o in by_scheme.values()
+        ]
         args.json.write_text(json.dumps(payload, indent=1), encoding="utf-8")
 
 

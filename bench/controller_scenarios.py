@@ -26,13 +26,21 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-
 from gateway.control.config import AimdConfig
 from testbed.scenarios.catalogue import SCENARIOS, PhaseResult, by_name, run
 
 BEGIN, END = "<!-- scenarios:begin -->", "<!-- scenarios:end -->"
-HEADER = ("scenario", "phase", "oracle sweet spot (+-20%)", "best static", "settled at", "converged after",
-          "goodput / best static", "p99 TPOT", "result")
+HEADER = (
+    "scenario",
+    "phase",
+    "oracle sweet spot (+-20%)",
+    "best static",
+    "settled at",
+    "converged after",
+    "goodput / best static",
+    "p99 TPOT",
+    "result",
+)
 
 
 def row(result: PhaseResult) -> tuple[str, ...]:
@@ -42,8 +50,11 @@ def row(result: PhaseResult) -> tuple[str, ...]:
     gateways = len(result.limits)
     settled = "-" if result.settled is None else f"{result.settled:g}"
     if gateways > 1 and result.limits[0]:
-        medians = [sorted(limit for _, limit in ticks)[len(ticks) // 2] for g, ticks in enumerate(result.limits)
-                   if not result.clients or result.clients[g] > 0]  # an idle gateway's limit holds nothing
+        medians = [
+            sorted(limit for _, limit in ticks)[len(ticks) // 2]
+            for g, ticks in enumerate(result.limits)
+            if not result.clients or result.clients[g] > 0
+        ]  # an idle gateway's limit holds nothing
         settled = " + ".join(str(m) for m in medians) + f" = {sum(medians)}"
     converged = "-" if result.convergence_s is None else f"{result.convergence_s:.0f} s"
     if result.absorbed_s is not None:
@@ -87,8 +98,13 @@ def plot(results: list[PhaseResult], directory: Path) -> None:
                 ax.fill_between([result.start, result.end], *result.band, color="tab:green", alpha=0.15, lw=0)
                 ax.hlines(result.oracle.sweet_spot, result.start, result.end, colors="tab:green", linestyles="--")
             for g, ticks in enumerate(result.limits):
-                ax.plot([t for t, _ in ticks], [limit for _, limit in ticks], color=f"C{g}", lw=1.2,
-                        label=f"gateway {g}" if result is phases[0] and len(result.limits) > 1 else None)
+                ax.plot(
+                    [t for t, _ in ticks],
+                    [limit for _, limit in ticks],
+                    color=f"C{g}",
+                    lw=1.2,
+                    label=f"gateway {g}" if result is phases[0] and len(result.limits) > 1 else None,
+                )
             ax.axvline(result.start, color="grey", lw=0.5)
             ax.text(result.start + 2, 1, result.phase, fontsize=8, va="bottom")
         ax.set(title=name, xlabel="simulated seconds", ylabel="concurrency limit")
@@ -130,13 +146,26 @@ def main() -> None:
         update_docs(args.docs, markdown(rows), command)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = [{
-            "scenario": r.scenario, "phase": r.phase, "checks": list(r.checks), "ok": r.ok, "failures": r.failures,
-            "sweet_spot": r.oracle and r.oracle.sweet_spot, "best_static": r.oracle and r.oracle.best.limit,
-            "best_static_goodput": r.oracle and r.oracle.best.goodput, "settled": r.settled,
-            "convergence_s": r.convergence_s, "goodput": r.goodput, "goodput_ratio": r.goodput_ratio,
-            "tpot_p99_s": r.tpot_p99, "preemptions": r.preemptions, "limits": r.limits,
-        } for r in results]
+        payload = [
+            {
+                "scenario": r.scenario,
+                "phase": r.phase,
+                "checks": list(r.checks),
+                "ok": r.ok,
+                "failures": r.failures,
+                "sweet_spot": r.oracle and r.oracle.sweet_spot,
+                "best_static": r.oracle and r.oracle.best.limit,
+                "best_static_goodput": r.oracle and r.oracle.best.goodput,
+                "settled": r.settled,
+                "convergence_s": r.convergence_s,
+                "goodput": r.goodput,
+                "goodput_ratio": r.goodput_ratio,
+                "tpot_p99_s": r.tpot_p99,
+                "preemptions": r.preemptions,
+                "limits": r.limits,
+            }
+            for r in results
+        ]
         args.json.write_text(json.dumps(payload, indent=1), encoding="utf-8")
     if args.plot is not None:
         plot(results, args.plot)

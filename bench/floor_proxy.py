@@ -12,7 +12,6 @@ product: it forwards POST bodies and streams answers back, nothing else.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import aiohttp
 from starlette.types import Receive, Scope, Send
@@ -41,8 +40,9 @@ class FloorProxy:
         assert self.session is not None
         async with self.session.post(self.upstream + scope["path"], data=body, headers=headers) as reply:
             content_type = reply.headers.get("Content-Type", "application/json").encode()
-            await send({"type": "http.response.start", "status": reply.status,
-                        "headers": [(b"content-type", content_type)]})
+            await send(
+                {"type": "http.response.start", "status": reply.status, "headers": [(b"content-type", content_type)]}
+            )
             async for data in reply.content.iter_any():
                 await send({"type": "http.response.body", "body": data, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

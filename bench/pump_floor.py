@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from pathlib import Path
 from typing import cast
 from urllib.parse import urlsplit
 

@@ -46,10 +46,79 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 POLICIES = ("prefix", "least_loaded", "random")
 WORKLOADS = ("multi_turn", "control")
 VOCAB = tuple(
-    "the a of to and in is it that for on with as was be by this are or from at an but not have has had which "
-    "tide moon ocean wave river stone cloud engine kernel vector matrix cache block token server request queue "
-    "limit stream model window signal sample latency memory budget report policy history answer question "
-    "reason simple careful precise example detail summary context system prompt user assistant".split()
+    [
+        "the",
+        "a",
+        "of",
+        "to",
+        "and",
+        "in",
+        "is",
+        "it",
+        "that",
+        "for",
+        "on",
+        "with",
+        "as",
+        "was",
+        "be",
+        "by",
+        "this",
+        "are",
+        "or",
+        "from",
+        "at",
+        "an",
+        "but",
+        "not",
+        "have",
+        "has",
+        "had",
+        "which",
+        "tide",
+        "moon",
+        "ocean",
+        "wave",
+        "river",
+        "stone",
+        "cloud",
+        "engine",
+        "kernel",
+        "vector",
+        "matrix",
+        "cache",
+        "block",
+        "token",
+        "server",
+        "request",
+        "queue",
+        "limit",
+        "stream",
+        "model",
+        "window",
+        "signal",
+        "sample",
+        "latency",
+        "memory",
+        "budget",
+        "report",
+        "policy",
+        "history",
+        "answer",
+        "question",
+        "reason",
+        "simple",
+        "careful",
+        "precise",
+        "example",
+        "detail",
+        "summary",
+        "context",
+        "system",
+        "prompt",
+        "user",
+        "assistant",
+    ]
 )
 
 
@@ -106,8 +175,9 @@ class Window:
         return self.start <= t < self.end
 
 
-async def stream_chat(session: aiohttp.ClientSession, url: str, messages: list[dict[str, str]], max_tokens: int,
-                      run: Run, window: Window) -> str | None:
+async def stream_chat(
+    session: aiohttp.ClientSession, url: str, messages: list[dict[str, str]], max_tokens: int, run: Run, window: Window
+) -> str | None:
     """One streamed chat request; returns the reply's text (None on an error)."""
     body = {"model": "sim", "messages": messages, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
     sent = time.monotonic()
@@ -136,7 +206,7 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, messages: list[d
                 if window.inside(now):
                     run.tokens += 1
                 parts.append(text)
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ClientError):
         if counted:
             run.errors += 1
         return None
@@ -146,8 +216,15 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, messages: list[d
     return "".join(parts)
 
 
-async def multi_turn_client(session: aiohttp.ClientSession, url: str, rng: random.Random, systems: list[str],
-                            run: Run, window: Window, think_s: float) -> None:
+async def multi_turn_client(
+    session: aiohttp.ClientSession,
+    url: str,
+    rng: random.Random,
+    systems: list[str],
+    run: Run,
+    window: Window,
+    think_s: float,
+) -> None:
     while time.monotonic() < window.end:
         messages = [{"role": "system", "content": rng.choice(systems)}]
         for _ in range(rng.randint(6, 14)):
@@ -159,8 +236,16 @@ async def multi_turn_client(session: aiohttp.ClientSession, url: str, rng: rando
             await asyncio.sleep(think_s * rng.uniform(0.5, 1.5))
 
 
-async def control_client(session: aiohttp.ClientSession, url: str, rng: random.Random, tag: str, client: int,
-                         run: Run, window: Window, think_s: float) -> None:
+async def control_client(
+    session: aiohttp.ClientSession,
+    url: str,
+    rng: random.Random,
+    tag: str,
+    client: int,
+    run: Run,
+    window: Window,
+    think_s: float,
+) -> None:
     i = 0
     while time.monotonic() < window.end:
         i += 1
@@ -207,14 +292,29 @@ async def drive(workload: str, url: str, args: argparse.Namespace, run: Run, tag
     run.seconds = args.duration
 
 
-def one_run(workload: str, policy: str, sims: list[RunningProcess], args: argparse.Namespace, tag: str,
-            round_: int) -> Run:
-    cmd = [sys.executable, "-m", "gateway", "serve", "--port", "0", "--no-control", "--routing", policy,
-           "--initial-limit", str(args.limit), "--log-level", "warning"]
+def one_run(
+    workload: str, policy: str, sims: list[RunningProcess], args: argparse.Namespace, tag: str, round_: int
+) -> Run:
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--port",
+        "0",
+        "--no-control",
+        "--routing",
+        policy,
+        "--initial-limit",
+        str(args.limit),
+        "--log-level",
+        "warning",
+    ]
     for sim in sims:
         cmd += ["--upstream", sim.url]
-    gateway, url = start(cmd, LISTENING, env={"SWEETSPOT_ACCESS_LOG": "false",
-                                              "SWEETSPOT_ROUTING_LOAD_WEIGHT": str(args.load_weight)})
+    gateway, url = start(
+        cmd, LISTENING, env={"SWEETSPOT_ACCESS_LOG": "false", "SWEETSPOT_ROUTING_LOAD_WEIGHT": str(args.load_weight)}
+    )
     run = Run(workload, policy, round_)
     try:
         before = [scrape(sim.url) for sim in sims]
@@ -233,8 +333,7 @@ def one_run(workload: str, policy: str, sims: list[RunningProcess], args: argpar
     chunks = sum(v for k, v in gw.items() if k.startswith("sweetspot_routing_prefix_chunks_total|"))
     hit_chunks = sum(v for k, v in gw.items() if k.startswith("sweetspot_routing_prefix_hit_chunks_total|"))
     run.gateway_hit_estimate = hit_chunks / chunks if chunks else None
-    run.decisions = {k.split("|", 1)[1]: v for k, v in gw.items()
-                     if k.startswith("sweetspot_routing_decisions_total|")}
+    run.decisions = {k.split("|", 1)[1]: v for k, v in gw.items() if k.startswith("sweetspot_routing_decisions_total|")}
     return run
 
 
@@ -255,38 +354,75 @@ def summary(runs: list[Run]) -> list[dict[str, object]]:
                 continue
             p50 = median([pct(r.ttft, 50) for r in mine])
             tput = median([r.tokens_per_s for r in mine])
-            rows.append({
-                "workload": workload, "policy": policy, "rounds": len(mine),
-                "ttft_p50_ms": [round(pct(r.ttft, 50) * 1000) for r in mine],
-                "ttft_p50_median_ms": round(p50 * 1000),
-                "ttft_p99_median_ms": round(median([pct(r.ttft, 99) for r in mine]) * 1000),
-                "p50_gain": base_p50 / p50 if p50 else float("nan"),
-                "tokens_per_s_median": round(tput),
-                "tokens_per_s_ratio": tput / base_tput if base_tput else float("nan"),
-                "sim_hit_rate": median([r.sim_hit_rate for r in mine]),
-                "max_over_mean_load_worst": max(r.max_over_mean_load for r in mine),
-            })
+            rows.append(
+                {
+                    "workload": workload,
+                    "policy": policy,
+                    "rounds": len(mine),
+                    "ttft_p50_ms": [round(pct(r.ttft, 50) * 1000) for r in mine],
+                    "ttft_p50_median_ms": round(p50 * 1000),
+                    "ttft_p99_median_ms": round(median([pct(r.ttft, 99) for r in mine]) * 1000),
+                    "p50_gain": base_p50 / p50 if p50 else float("nan"),
+                    "tokens_per_s_median": round(tput),
+                    "tokens_per_s_ratio": tput / base_tput if base_tput else float("nan"),
+                    "sim_hit_rate": median([r.sim_hit_rate for r in mine]),
+                    "max_over_mean_load_worst": max(r.max_over_mean_load for r in mine),
+                }
+            )
     return rows
 
 
 def report_summary(rows: list[dict[str, object]]) -> None:
     table = Table(title="medians over rounds (gain and ratio against least_loaded's medians)")
-    for col in ("workload", "policy", "rounds", "TTFT p50 ms per round", "p50 median", "p99 median", "p50 gain",
-                "out tok/s", "tok/s ratio", "sim hit rate", "load max/mean (worst)"):
+    for col in (
+        "workload",
+        "policy",
+        "rounds",
+        "TTFT p50 ms per round",
+        "p50 median",
+        "p99 median",
+        "p50 gain",
+        "out tok/s",
+        "tok/s ratio",
+        "sim hit rate",
+        "load max/mean (worst)",
+    ):
         table.add_column(col, justify="right")
     for row in rows:
-        table.add_row(str(row["workload"]), str(row["policy"]), str(row["rounds"]),
-                      " ".join(str(v) for v in row["ttft_p50_ms"]),  # type: ignore[attr-defined]
-                      str(row["ttft_p50_median_ms"]), str(row["ttft_p99_median_ms"]), f"{row['p50_gain']:.2f}x",
-                      str(row["tokens_per_s_median"]), f"{row['tokens_per_s_ratio']:.3f}",
-                      f"{row['sim_hit_rate']:.1%}", f"{row['max_over_mean_load_worst']:.2f}")
+        table.add_row(
+            str(row["workload"]),
+            str(row["policy"]),
+            str(row["rounds"]),
+            " ".join(str(v) for v in row["ttft_p50_ms"]),  # type: ignore[attr-defined]
+            str(row["ttft_p50_median_ms"]),
+            str(row["ttft_p99_median_ms"]),
+            f"{row['p50_gain']:.2f}x",
+            str(row["tokens_per_s_median"]),
+            f"{row['tokens_per_s_ratio']:.3f}",
+            f"{row['sim_hit_rate']:.1%}",
+            f"{row['max_over_mean_load_worst']:.2f}",
+        )
     console.print(table)
 
 
 def report(runs: list[Run]) -> None:
     table = Table(title="every run (ratios against least_loaded in the same round)")
-    for col in ("round", "workload", "policy", "req", "err", "TTFT p50 ms", "TTFT p99 ms", "p50 gain", "out tok/s",
-                "tok/s ratio", "sim hit rate", "gw hit est.", "load max/mean", "requests per upstream"):
+    for col in (
+        "round",
+        "workload",
+        "policy",
+        "req",
+        "err",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "p50 gain",
+        "out tok/s",
+        "tok/s ratio",
+        "sim hit rate",
+        "gw hit est.",
+        "load max/mean",
+        "requests per upstream",
+    ):
         table.add_column(col, justify="right")
     base = {(r.round, r.workload): r for r in runs if r.policy == "least_loaded"}
     for r in runs:
@@ -294,11 +430,22 @@ def report(runs: list[Run]) -> None:
         p50 = pct(r.ttft, 50)
         gain = pct(b.ttft, 50) / p50 if b and p50 else float("nan")
         tput = r.tokens_per_s / b.tokens_per_s if b and b.tokens_per_s else float("nan")
-        table.add_row(str(r.round), r.workload, r.policy, str(r.requests), str(r.errors), f"{p50 * 1000:.0f}",
-                      f"{pct(r.ttft, 99) * 1000:.0f}", f"{gain:.2f}x", f"{r.tokens_per_s:.0f}", f"{tput:.3f}",
-                      f"{r.sim_hit_rate:.1%}",
-                      "-" if r.gateway_hit_estimate is None else f"{r.gateway_hit_estimate:.1%}",
-                      f"{r.max_over_mean_load:.2f}", " ".join(f"{v:.0f}" for v in r.upstream_requests))
+        table.add_row(
+            str(r.round),
+            r.workload,
+            r.policy,
+            str(r.requests),
+            str(r.errors),
+            f"{p50 * 1000:.0f}",
+            f"{pct(r.ttft, 99) * 1000:.0f}",
+            f"{gain:.2f}x",
+            f"{r.tokens_per_s:.0f}",
+            f"{tput:.3f}",
+            f"{r.sim_hit_rate:.1%}",
+            "-" if r.gateway_hit_estimate is None else f"{r.gateway_hit_estimate:.1%}",
+            f"{r.max_over_mean_load:.2f}",
+            " ".join(f"{v:.0f}" for v in r.upstream_requests),
+        )
     console.print(table)
 
 
@@ -325,9 +472,27 @@ def main() -> None:
     runs: list[Run] = []
     try:
         for i in range(args.upstreams):
-            proc, _ = start([sys.executable, "-m", "gateway", "sim", "--port", "0", "--profile", args.profile,
-                             "--max-model-len", "16384", "--time-scale", str(args.time_scale),
-                             "--model-name", "sim", "--seed", str(i)], LISTENING)
+            proc, _ = start(
+                [
+                    sys.executable,
+                    "-m",
+                    "gateway",
+                    "sim",
+                    "--port",
+                    "0",
+                    "--profile",
+                    args.profile,
+                    "--max-model-len",
+                    "16384",
+                    "--time-scale",
+                    str(args.time_scale),
+                    "--model-name",
+                    "sim",
+                    "--seed",
+                    str(i),
+                ],
+                LISTENING,
+            )
             sims.append(proc)
         for round_ in range(args.rounds):
             for workload in args.workloads:
@@ -338,8 +503,10 @@ def main() -> None:
                     console.print(f"[bold]round {round_}: {workload} / {policy}[/] ...")
                     run = one_run(workload, policy, sims, args, tag, round_)
                     runs.append(run)
-                    console.print(f"  TTFT p50 {pct(run.ttft, 50) * 1000:.0f} ms, {run.tokens_per_s:.0f} tok/s, "
-                                  f"sim hit rate {run.sim_hit_rate:.1%}, decisions {run.decisions}")
+                    console.print(
+                        f"  TTFT p50 {pct(run.ttft, 50) * 1000:.0f} ms, {run.tokens_per_s:.0f} tok/s, "
+                        f"sim hit rate {run.sim_hit_rate:.1%}, decisions {run.decisions}"
+                    )
     finally:
         for sim in sims:
             sim.stop()
@@ -347,9 +514,16 @@ def main() -> None:
     rows = summary(runs)
     report_summary(rows)
     if args.json:
-        per_run = [{k: v for k, v in asdict(r).items() if k != "ttft"}
-                   | {"ttft_p50_s": pct(r.ttft, 50), "ttft_p99_s": pct(r.ttft, 99), "tokens_per_s": r.tokens_per_s,
-                      "max_over_mean_load": r.max_over_mean_load} for r in runs]
+        per_run = [
+            {k: v for k, v in asdict(r).items() if k != "ttft"}
+            | {
+                "ttft_p50_s": pct(r.ttft, 50),
+                "ttft_p99_s": pct(r.ttft, 99),
+                "tokens_per_s": r.tokens_per_s,
+                "max_over_mean_load": r.max_over_mean_load,
+            }
+            for r in runs
+        ]
         payload = {"args": {k: str(v) for k, v in vars(args).items()}, "summary": rows, "runs": per_run}
         args.json.write_text(json.dumps(payload, indent=2))
 

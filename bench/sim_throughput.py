@@ -53,8 +53,12 @@ def cpu_seconds(pid: int) -> float:
 
 def start_sim(profile: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     exe = Path(sys.executable).with_name("sweetspot")
-    proc = subprocess.Popen([str(exe), "sim", "--port", "0", "--profile", profile, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(exe), "sim", "--port", "0", "--profile", profile, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -68,8 +72,9 @@ def start_sim(profile: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], 
     raise SystemExit("sweetspot sim did not start")
 
 
-async def drive(url: str, concurrency: int, prompt: int, output: int, warmup: float, duration: float,
-                sim_pid: int) -> Result:
+async def drive(
+    url: str, concurrency: int, prompt: int, output: int, warmup: float, duration: float, sim_pid: int
+) -> Result:
     chunks = 0
     done = 0
     counting = False
@@ -101,8 +106,7 @@ async def drive(url: str, concurrency: int, prompt: int, output: int, warmup: fl
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return Result(concurrency, 0.0, n / window, 0.0, 100 * (s1 - s0) / window, 100 * (c1 - c0) / window,
-                  done, window)
+    return Result(concurrency, 0.0, n / window, 0.0, 100 * (s1 - s0) / window, 100 * (c1 - c0) / window, done, window)
 
 
 def main() -> None:
@@ -124,25 +128,41 @@ def main() -> None:
         for n in args.concurrency:
             pred = predict_closed_loop(profile, n, args.prompt_tokens, args.output_tokens).tokens_per_s
             pred *= args.time_scale
-            r = asyncio.run(drive(url, n, args.prompt_tokens, args.output_tokens, args.warmup, args.duration,
-                                  proc.pid))
+            r = asyncio.run(drive(url, n, args.prompt_tokens, args.output_tokens, args.warmup, args.duration, proc.pid))
             r.predicted_tokens_per_s, r.ratio = pred, r.chunks_per_s / pred
             results.append(r)
     finally:
         proc.terminate()
         proc.wait(10)
-    table = Table(title=f"sweetspot sim, profile {profile.name}, {args.prompt_tokens}+{args.output_tokens} "
-                        f"tokens, time scale {args.time_scale}")
-    for col in ("clients", "predicted tok/s", "streamed chunks/s", "measured/predicted", "server CPU",
-                "client CPU", "requests"):
+    table = Table(
+        title=f"sweetspot sim, profile {profile.name}, {args.prompt_tokens}+{args.output_tokens} "
+        f"tokens, time scale {args.time_scale}"
+    )
+    for col in (
+        "clients",
+        "predicted tok/s",
+        "streamed chunks/s",
+        "measured/predicted",
+        "server CPU",
+        "client CPU",
+        "requests",
+    ):
         table.add_column(col, justify="right")
     for r in results:
-        table.add_row(str(r.concurrency), f"{r.predicted_tokens_per_s:.0f}", f"{r.chunks_per_s:.0f}",
-                      f"{r.ratio:.3f}", f"{r.server_cpu_percent:.0f}%", f"{r.client_cpu_percent:.0f}%",
-                      str(r.requests_done))
+        table.add_row(
+            str(r.concurrency),
+            f"{r.predicted_tokens_per_s:.0f}",
+            f"{r.chunks_per_s:.0f}",
+            f"{r.ratio:.3f}",
+            f"{r.server_cpu_percent:.0f}%",
+            f"{r.client_cpu_percent:.0f}%",
+            str(r.requests_done),
+        )
     console.print(table)
-    console.print(f"CPU in % of one core, over {args.duration:.0f}s windows after {args.warmup:.0f}s warm-up; "
-                  f"{os.cpu_count()} cores on this machine.")
+    console.print(
+        f"CPU in % of one core, over {args.duration:.0f}s windows after {args.warmup:.0f}s warm-up; "
+        f"{os.cpu_count()} cores on this machine."
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))

@@ -54,8 +54,9 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-async def one_request(session: aiohttp.ClientSession, gw: str, model: str, tally: Tally, rng: random.Random,
-                      max_tokens: int) -> None:
+async def one_request(
+    session: aiohttp.ClientSession, gw: str, model: str, tally: Tally, rng: random.Random, max_tokens: int
+) -> None:
     body = {"model": model, "messages": CHAT, "stream": True, "max_tokens": max_tokens}
     hang_up = rng.random() < tally.hang_up_share
     try:
@@ -74,7 +75,7 @@ async def one_request(session: aiohttp.ClientSession, gw: str, model: str, tally
                 elif line.startswith(b"data:") and b'"error"' in line:
                     ended = "error_event"
             tally.endings[ended] += 1
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         tally.endings[f"lost_{type(exc).__name__}"] += 1
 
 
@@ -88,15 +89,13 @@ async def client_loop(gw: str, model: str, tally: Tally, until: float, seed: int
 
 
 async def post_json(url: str, payload: dict) -> None:
-    async with aiohttp.ClientSession() as session:
-        async with session.post(url, json=payload) as response:
-            await response.read()
+    async with aiohttp.ClientSession() as session, session.post(url, json=payload) as response:
+        await response.read()
 
 
 async def get_json(url: str) -> dict:
-    async with aiohttp.ClientSession() as session:
-        async with session.get(url) as response:
-            return await response.json()  # type: ignore[no-any-return]
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return await response.json()  # type: ignore[no-any-return]
 
 
 class Soak:
@@ -110,9 +109,12 @@ class Soak:
         self.faults: list[tuple[float, str]] = []
 
     def start_sim(self) -> RunningProcess:
-        self.sim = start_process(sweetspot("sim", "--port", str(self.sim_port), "--admin", "--time-scale",
-                                           str(self.args.time_scale)),
-                                 ready_pattern=LISTENING, ready_url="{url}/health", timeout=60)
+        self.sim = start_process(
+            sweetspot("sim", "--port", str(self.sim_port), "--admin", "--time-scale", str(self.args.time_scale)),
+            ready_pattern=LISTENING,
+            ready_url="{url}/health",
+            timeout=60,
+        )
         return self.sim
 
     async def fault(self, name: str, gw: str, model: str, until: float) -> None:
@@ -135,16 +137,26 @@ class Soak:
             await asyncio.sleep(30)
             self.tally.hang_up_share = 0.0
         elif name == "burst":
-            await asyncio.gather(*(client_loop(gw, model, self.tally, time.monotonic() + 0.1, 10_000 + i,
-                                               self.args.max_tokens) for i in range(self.args.burst)))
+            await asyncio.gather(
+                *(
+                    client_loop(gw, model, self.tally, time.monotonic() + 0.1, 10_000 + i, self.args.max_tokens)
+                    for i in range(self.args.burst)
+                )
+            )
 
     async def run(self) -> dict:
         args = self.args
         self.start_sim()
         env = {"SWEETSPOT_MAX_QUEUE": str(args.max_queue), "SWEETSPOT_QUEUE_TIMEOUT_S": "30"}
-        self.gateway = start_process(sweetspot("serve", "--upstream", f"http://127.0.0.1:{self.sim_port}",
-                                               "--port", "0", "--log-level", "warning"),
-                                     ready_pattern=LISTENING, ready_url="{url}/readyz", env=env, timeout=60)
+        self.gateway = start_process(
+            sweetspot(
+                "serve", "--upstream", f"http://127.0.0.1:{self.sim_port}", "--port", "0", "--log-level", "warning"
+            ),
+            ready_pattern=LISTENING,
+            ready_url="{url}/readyz",
+            env=env,
+            timeout=60,
+        )
         gw, pid = self.gateway.url, self.gateway.pid
         model = (await get_json(f"{gw}/v1/models"))["data"][0]["id"]
         started = time.monotonic()
@@ -183,8 +195,11 @@ class Soak:
         lost = sum(n for ending, n in self.tally.endings.items() if ending.startswith("lost"))
         return {
             "command": " ".join(["python -m bench.soak", *sys.argv[1:]]),
-            "minutes": self.args.minutes, "clients": self.args.clients, "max_queue": self.args.max_queue,
-            "endings": dict(sorted(self.tally.endings.items())), "lost": lost,
+            "minutes": self.args.minutes,
+            "clients": self.args.clients,
+            "max_queue": self.args.max_queue,
+            "endings": dict(sorted(self.tally.endings.items())),
+            "lost": lost,
             "inflight_at_end": sum(u["inflight"] for u in state["upstreams"]),
             "queue_depth_at_end": state["queue"]["depth"],
             "open_fds": [fds for _, _, fds in self.samples],
@@ -245,8 +260,12 @@ def main() -> None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     if args.docs is not None:
         args.docs.write_text("# Soak: the gateway under faults, for a long time\n\n" + text)
-    failed = result["lost"] or result["inflight_at_end"] or result["queue_depth_at_end"] or (
-        result["rss_growth_mb_per_10_min"] is not None and result["rss_growth_mb_per_10_min"] >= 5)
+    failed = (
+        result["lost"]
+        or result["inflight_at_end"]
+        or result["queue_depth_at_end"]
+        or (result["rss_growth_mb_per_10_min"] is not None and result["rss_growth_mb_per_10_min"] >= 5)
+    )
     sys.exit(1 if failed else 0)
 
 

@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.control.config import AimdConfig
-from gateway.sim.profiles import DEFAULT_PROFILE, get_profile
 from gateway.settings import Settings
+from gateway.sim.profiles import DEFAULT_PROFILE, get_profile
 from testbed.scenarios.harness import Conditions, Finished, Harness, Tenancy, TenantSpec, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,19 +73,29 @@ def run(tenancy: Tenancy, clients: int, *, workload: Workload = CHAT, seed: int 
 
 def limits(harness: Harness, start: float) -> dict[str, float]:
     ticks = [t for t in harness.trace.ticks if t.now >= start]
-    return {"admitted_above_limit": sum(gw.admitted_over for gw in harness.gateways),
-            "limit_mean": round(sum(t.limit for t in ticks) / len(ticks), 1),
-            "slots_busy_min": round(min(t.inflight / t.limit for t in ticks), 3),
-            "slots_busy_mean": round(sum(min(t.inflight / t.limit, 1.0) for t in ticks) / len(ticks), 3)}
+    return {
+        "admitted_above_limit": sum(gw.admitted_over for gw in harness.gateways),
+        "limit_mean": round(sum(t.limit for t in ticks) / len(ticks), 1),
+        "slots_busy_min": round(min(t.inflight / t.limit for t in ticks), 3),
+        "slots_busy_mean": round(sum(min(t.inflight / t.limit, 1.0) for t in ticks) / len(ticks), 3),
+    }
 
 
 def noisy() -> dict[str, Any]:
     out: dict[str, Any] = {}
-    variants = (("fair", "fair", RESERVE), ("fair_reserve_0.05", "fair", 0.05), ("fair_no_reserve", "fair", 0.0),
-                ("fifo", "fifo", 0.0))
+    variants = (
+        ("fair", "fair", RESERVE),
+        ("fair_reserve_0.05", "fair", 0.05),
+        ("fair_no_reserve", "fair", 0.0),
+        ("fifo", "fifo", 0.0),
+    )
     for name, discipline, reserve in variants:
-        tenancy = Tenancy((TenantSpec("quiet"), TenantSpec("noisy")), discipline=discipline,  # type: ignore[arg-type]
-                          assign=lambda client: 0 if client < 4 else 1, reserve=reserve)
+        tenancy = Tenancy(
+            (TenantSpec("quiet"), TenantSpec("noisy")),
+            discipline=discipline,  # type: ignore[arg-type]
+            assign=lambda client: 0 if client < 4 else 1,
+            reserve=reserve,
+        )
         harness, start = run(tenancy, 204)
         done = measured(harness, start)
         quiet = [f.sample for f in done if f.tenant == "quiet"]
@@ -110,8 +120,11 @@ def weights() -> dict[str, Any]:
     harness, start = run(tenancy, 200)
     done = measured(harness, start)
     tokens = {name: sum(f.sample.output_tokens for f in done if f.tenant == name) for name in ("heavy", "light")}
-    return {"output_tokens": tokens, "ratio": round(tokens["heavy"] / max(tokens["light"], 1), 3),
-            **limits(harness, start)}
+    return {
+        "output_tokens": tokens,
+        "ratio": round(tokens["heavy"] / max(tokens["light"], 1), 3),
+        **limits(harness, start),
+    }
 
 
 def classes() -> dict[str, Any]:
@@ -121,8 +134,11 @@ def classes() -> dict[str, Any]:
 def _classes(reserve: float) -> dict[str, Any]:
     interactive = 8
     batch_clients = 1000 + 64  # enough that about 1,000 stay queued whatever the limit
-    tenancy = Tenancy((TenantSpec("interactive", cls=0), TenantSpec("batch", cls=1)),
-                      assign=lambda client: 0 if client < interactive else 1, reserve=reserve)
+    tenancy = Tenancy(
+        (TenantSpec("interactive", cls=0), TenantSpec("batch", cls=1)),
+        assign=lambda client: 0 if client < interactive else 1,
+        reserve=reserve,
+    )
     harness, start = run(tenancy, interactive + batch_clients)
     done = measured(harness, start)
     waits = {name: [f.sample.queue_wait for f in done if f.tenant == name] for name in ("interactive", "batch")}
@@ -132,8 +148,9 @@ def _classes(reserve: float) -> dict[str, Any]:
         "interactive_queue_p99_s": round(pct(waits["interactive"], 99), 3),
         "batch_requests": len(waits["batch"]),
         "queued_min": min(t.queue for t in ticks),
-        "batch_output_tokens_per_s": round(sum(f.sample.output_tokens for f in done if f.tenant == "batch")
-                                           / MEASURE_S, 1),
+        "batch_output_tokens_per_s": round(
+            sum(f.sample.output_tokens for f in done if f.tenant == "batch") / MEASURE_S, 1
+        ),
         **limits(harness, start),
     }
 
@@ -142,19 +159,25 @@ def scenarios() -> dict[str, Any]:
     from testbed.scenarios.catalogue import SCENARIOS
     from testbed.scenarios.catalogue import run as run_scenario
 
-    runs = (("plain", None),
-            ("tenants_3_1", Tenancy((TenantSpec("a", weight=3.0), TenantSpec("b", weight=1.0)))),
-            ("tenants_3_1_2", Tenancy((TenantSpec("a", weight=3.0), TenantSpec("b", weight=1.0),
-                                       TenantSpec("c", weight=2.0)))))
+    runs = (
+        ("plain", None),
+        ("tenants_3_1", Tenancy((TenantSpec("a", weight=3.0), TenantSpec("b", weight=1.0)))),
+        (
+            "tenants_3_1_2",
+            Tenancy((TenantSpec("a", weight=3.0), TenantSpec("b", weight=1.0), TenantSpec("c", weight=2.0))),
+        ),
+    )
     out: dict[str, Any] = {}
     for scenario in SCENARIOS:
         row = {}
         for name, given in runs:
             phases = run_scenario(scenario, tenancy=given)
-            row[name] = {"ok": all(p.ok for p in phases),
-                         "goodput_ratio": [p.goodput_ratio for p in phases],
-                         "settled": [p.settled for p in phases],
-                         "failures": [f for p in phases for f in p.failures]}
+            row[name] = {
+                "ok": all(p.ok for p in phases),
+                "goodput_ratio": [p.goodput_ratio for p in phases],
+                "settled": [p.settled for p in phases],
+                "failures": [f for p in phases for f in p.failures],
+            }
         out[scenario.name] = row
     return out
 
@@ -182,14 +205,18 @@ def live() -> dict[str, Any]:
     from gateway.common.processes import LISTENING, start_process, sweetspot
 
     out: dict[str, Any] = {}
-    with start_process(sweetspot("sim", "--port", "0", "--seed", "1"), ready_pattern=LISTENING,
-                       ready_url="{url}/health") as sim:
+    with start_process(
+        sweetspot("sim", "--port", "0", "--seed", "1"), ready_pattern=LISTENING, ready_url="{url}/health"
+    ) as sim:
         for discipline in ("fair", "fifo"):
             with tempfile.TemporaryDirectory() as folder:
                 config = Path(folder) / "sweetspot.toml"
                 config.write_text(LIVE_CONFIG.format(sim=sim.url, discipline=discipline))
-                with start_process(sweetspot("serve", "--port", "0", "--config", str(config), "--log-level",
-                                             "warning"), ready_pattern=LISTENING, ready_url="{url}/readyz") as gw:
+                with start_process(
+                    sweetspot("serve", "--port", "0", "--config", str(config), "--log-level", "warning"),
+                    ready_pattern=LISTENING,
+                    ready_url="{url}/readyz",
+                ) as gw:
                     out[discipline] = asyncio.run(_drive(gw.url))
     return out
 
@@ -210,8 +237,13 @@ async def _drive(url: str) -> dict[str, Any]:
         async def client(tenant: str) -> None:
             headers = {"authorization": f"Bearer key-{tenant}", "content-type": "application/json"}
             while loop_time() < stop:
-                body = {"model": model, "messages": [{"role": "user", "content": "x " * rng.randint(256, 1024)}],
-                        "max_tokens": rng.randint(64, 384), "stream": True, "ignore_eos": True}
+                body = {
+                    "model": model,
+                    "messages": [{"role": "user", "content": "x " * rng.randint(256, 1024)}],
+                    "max_tokens": rng.randint(64, 384),
+                    "stream": True,
+                    "ignore_eos": True,
+                }
                 sent = loop_time()
                 first = None
                 async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
@@ -235,8 +267,9 @@ async def _drive(url: str) -> dict[str, Any]:
         "quiet_client_ttft_p99_s": round(pct(ttfts["quiet"], 99), 3),
         "noisy_client_ttft_p99_s": round(pct(ttfts["noisy"], 99), 3),
         "backend_ttft_p99_s_bucket": _bucket_p99(delta, "sweetspot_upstream_ttft_seconds", None),
-        "output_tokens_per_s": round(sum(v for (name, _), v in delta.items()
-                                         if name == "sweetspot_tenant_output_tokens_total") / LIVE_S, 1),
+        "output_tokens_per_s": round(
+            sum(v for (name, _), v in delta.items() if name == "sweetspot_tenant_output_tokens_total") / LIVE_S, 1
+        ),
     }
 
 
@@ -245,8 +278,11 @@ async def _scrape(session: Any, url: str) -> dict[tuple[str, tuple[tuple[str, st
 
     async with session.get(f"{url}/metrics") as resp:
         text = await resp.text()
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def _delta(before: dict, after: dict) -> dict:
@@ -277,8 +313,12 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "tenants.json")
     args = parser.parse_args()
-    results: dict[str, Any] = {"profile": DEFAULT_PROFILE, "workload": {"prompt": CHAT.prompt, "output": CHAT.output},
-                               "warmup_s": WARMUP_S, "measure_s": MEASURE_S}
+    results: dict[str, Any] = {
+        "profile": DEFAULT_PROFILE,
+        "workload": {"prompt": CHAT.prompt, "output": CHAT.output},
+        "warmup_s": WARMUP_S,
+        "measure_s": MEASURE_S,
+    }
     for name in args.cases:
         began = time.perf_counter()
         results[name] = CASES[name]()

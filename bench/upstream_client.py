@@ -22,8 +22,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from gateway.server.upstream.upstream_client import STALE_RETRIES
 from gateway.common.resend import resend_if_stale
+from gateway.server.upstream.upstream_client import STALE_RETRIES
 
 console = Console()
 CONCURRENCY = 16
@@ -36,17 +36,27 @@ STREAM_HEADERS = {"Connection": "close"}
 
 
 def body(model: str, stream: bool, max_tokens: int) -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": stream}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+    }
 
 
 async def with_aiohttp(url: str, model: str, requests: int, stream: bool, max_tokens: int) -> tuple[float, int]:
     chunks = 0
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
         async def one() -> None:
             nonlocal chunks
-            async with await _aiohttp_post(session, f"{url}/v1/chat/completions", body(model, stream, max_tokens),
-                                           STREAM_HEADERS if stream else None) as resp:
+            async with await _aiohttp_post(
+                session,
+                f"{url}/v1/chat/completions",
+                body(model, stream, max_tokens),
+                STREAM_HEADERS if stream else None,
+            ) as resp:
                 if stream:
                     async for _ in resp.content.iter_any():
                         chunks += 1
@@ -56,8 +66,9 @@ async def with_aiohttp(url: str, model: str, requests: int, stream: bool, max_to
         return await _drive(one, requests), chunks
 
 
-async def _aiohttp_post(session: aiohttp.ClientSession, url: str, payload: dict,
-                        headers: dict[str, str] | None) -> aiohttp.ClientResponse:
+async def _aiohttp_post(
+    session: aiohttp.ClientSession, url: str, payload: dict, headers: dict[str, str] | None
+) -> aiohttp.ClientResponse:
     """POST as the gateway's proxy does: a request whose pooled connection died before any byte came back is
     sent again."""
     return await resend_if_stale(lambda: session.post(url, json=payload, headers=headers), resends=STALE_RETRIES)
@@ -67,11 +78,13 @@ async def with_httpx(url: str, model: str, requests: int, stream: bool, max_toke
     chunks = 0
     limits = httpx.Limits(max_connections=CONCURRENCY * 2, max_keepalive_connections=CONCURRENCY * 2)
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+
         async def one() -> None:
             nonlocal chunks
             if stream:
-                async with client.stream("POST", f"{url}/v1/chat/completions", headers=STREAM_HEADERS,
-                                         json=body(model, stream, max_tokens)) as resp:
+                async with client.stream(
+                    "POST", f"{url}/v1/chat/completions", headers=STREAM_HEADERS, json=body(model, stream, max_tokens)
+                ) as resp:
                     async for _ in resp.aiter_raw():
                         chunks += 1
             else:
@@ -111,8 +124,10 @@ def main() -> None:
         server, url = start_near_free_server(parallel=CONCURRENCY)
     try:
         model = asyncio.run(_model(url))
-        results: dict[str, dict[str, list[float]]] = {"aiohttp": {"plain": [], "stream": []},
-                                                      "httpx": {"plain": [], "stream": []}}
+        results: dict[str, dict[str, list[float]]] = {
+            "aiohttp": {"plain": [], "stream": []},
+            "httpx": {"plain": [], "stream": []},
+        }
         for _ in range(args.rounds):
             for name, fn in (("aiohttp", with_aiohttp), ("httpx", with_httpx)):
                 cpu, _ = asyncio.run(fn(url, model, args.requests, False, 1))
@@ -136,9 +151,8 @@ def main() -> None:
 
 
 async def _model(url: str) -> str:
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"{url}/v1/models") as resp:
-            return (await resp.json())["data"][0]["id"]
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/v1/models") as resp:
+        return (await resp.json())["data"][0]["id"]
 
 
 if __name__ == "__main__":

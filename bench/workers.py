@@ -27,7 +27,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from rich.console import Console
@@ -77,12 +76,12 @@ def pin(pids: list[int], cores: set[int]) -> None:
             pass
 
 
-async def measure(url: str, model: str, pids: list[int], *, concurrency: int, seconds: float,
-                  max_tokens: int) -> tuple[Run, float]:
+async def measure(
+    url: str, model: str, pids: list[int], *, concurrency: int, seconds: float, max_tokens: int
+) -> tuple[Run, float]:
     """One streamed run; returns it and the CPU seconds every process of the proxy spent over it."""
     before = tree_cpu(pids)
-    run = await load(url, model, concurrency=concurrency, seconds=seconds, stream=True, max_tokens=max_tokens,
-                     pid=None)
+    run = await load(url, model, concurrency=concurrency, seconds=seconds, stream=True, max_tokens=max_tokens, pid=None)
     return run, tree_cpu(pids) - before
 
 
@@ -119,8 +118,21 @@ def main() -> None:
             cleanup += [proc.stop, tmp.cleanup]
             proxies["nginx"] = (url, [proc.pid], 1)
         for workers in (1, 2):
-            proc, url = start(gateway_cmd(upstream, "--no-control", "--initial-limit", "256", "--max-queue", "20000",
-                                          "--log-level", "warning", "--workers", str(workers)), LISTENING)
+            proc, url = start(
+                gateway_cmd(
+                    upstream,
+                    "--no-control",
+                    "--initial-limit",
+                    "256",
+                    "--max-queue",
+                    "20000",
+                    "--log-level",
+                    "warning",
+                    "--workers",
+                    str(workers),
+                ),
+                LISTENING,
+            )
             cleanup.append(proc.stop)
             pids = tree(proc.pid)
             proxies[f"workers={workers}"] = (url, pids, workers)
@@ -148,10 +160,19 @@ async def bench(upstream: str, proxies: dict[str, tuple[str, list[int], int]], a
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             url, pids, _ = proxies[name]
-            runs[name].append(await measure(url, model, pids, concurrency=args.concurrency, seconds=args.seconds,
-                                            max_tokens=args.max_tokens))
-    out: dict = {"model": model, "upstream": upstream, "concurrency": args.concurrency, "seconds": args.seconds,
-                 "rounds": args.rounds, "proxies": {}}
+            runs[name].append(
+                await measure(
+                    url, model, pids, concurrency=args.concurrency, seconds=args.seconds, max_tokens=args.max_tokens
+                )
+            )
+    out: dict = {
+        "model": model,
+        "upstream": upstream,
+        "concurrency": args.concurrency,
+        "seconds": args.seconds,
+        "rounds": args.rounds,
+        "proxies": {},
+    }
     for name in names:
         measured = runs[name]
         chunks = sum(run.chunks for run, _ in measured)
@@ -177,17 +198,28 @@ async def bench(upstream: str, proxies: dict[str, tuple[str, list[int], int]], a
 
 
 def report(results: dict) -> None:
-    table = Table(title=f"streamed-chunk ceiling, c={results['concurrency']} ({results['model']} @ {results['upstream']})")
+    table = Table(
+        title=f"streamed-chunk ceiling, c={results['concurrency']} ({results['model']} @ {results['upstream']})"
+    )
     for column in ("proxy", "chunks/s", "CPU cores busy", "CPU per chunk", "cores", "ceiling chunks/s", "failed"):
         table.add_column(column, justify="left" if column == "proxy" else "right")
     for name, r in results["proxies"].items():
-        table.add_row(name, f"{r['chunks_per_s']:.0f}", f"{r['cpu_cores_busy']}", f"{r['cpu_us_per_chunk']} us",
-                      str(r["cores"]), str(r["ceiling_chunks_per_s"]), str(r["errors"]))
+        table.add_row(
+            name,
+            f"{r['chunks_per_s']:.0f}",
+            f"{r['cpu_cores_busy']}",
+            f"{r['cpu_us_per_chunk']} us",
+            str(r["cores"]),
+            str(r["ceiling_chunks_per_s"]),
+            str(r["errors"]),
+        )
     console.print(table)
     if "scaling" in results:
         s = results["scaling"]
-        console.print(f"2 workers / 1 worker: ceiling {s['ceiling_ratio']}x, measured chunks/s {s['measured_ratio']}x "
-                      f"(cores: {results['cores']})")
+        console.print(
+            f"2 workers / 1 worker: ceiling {s['ceiling_ratio']}x, measured chunks/s {s['measured_ratio']}x "
+            f"(cores: {results['cores']})"
+        )
 
 
 if __name__ == "__main__":

@@ -49,20 +49,34 @@ class TenantConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
-                      description="The tenant's name; its metrics label and its name in /state.")
-    api_keys: list[str] = Field(default_factory=list,
-                                description="Client keys (Authorization: Bearer) that identify this tenant.")
-    weight: float = Field(1.0, description="Share of the slots when the limit is contended, relative to the "
-                          "other tenants with requests queued in the same priority class.")
-    priority: str | None = Field(None, description="Priority class of its requests (one of priority_classes; "
-                                 "default: default_priority).")
-    max_priority: str | None = Field(None, description="Highest class its clients may ask for with the priority "
-                                     "header (default: its own priority: it cannot raise it).")
+    name: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="The tenant's name; its metrics label and its name in /state.",
+    )
+    api_keys: list[str] = Field(
+        default_factory=list, description="Client keys (Authorization: Bearer) that identify this tenant."
+    )
+    weight: float = Field(
+        1.0,
+        description="Share of the slots when the limit is contended, relative to the "
+        "other tenants with requests queued in the same priority class.",
+    )
+    priority: str | None = Field(
+        None, description="Priority class of its requests (one of priority_classes; default: default_priority)."
+    )
+    max_priority: str | None = Field(
+        None,
+        description="Highest class its clients may ask for with the priority "
+        "header (default: its own priority: it cannot raise it).",
+    )
     max_inflight: int | None = Field(None, ge=1, description="Most of its requests running at once; more wait.")
     max_queued: int | None = Field(None, ge=0, description="Most of its requests queued at once; more get 429.")
     output_tokens_per_minute: int | None = Field(
-        None, ge=1, description="Output-token quota: a bucket of this many tokens refilled continuously; "
+        None,
+        ge=1,
+        description="Output-token quota: a bucket of this many tokens refilled continuously; "
         "past it new requests get 429 until it is positive again.",
     )
 
@@ -78,7 +92,9 @@ class Settings(BaseSettings, ControllerKnobs):
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in containers).")
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
     workers: int = Field(
-        1, ge=1, le=256,
+        1,
+        ge=1,
+        le=256,
         description="Worker processes serving the one port (SO_REUSEPORT: the kernel spreads connections over "
         "them), so one host uses its cores: one process streams at most ~14,000 chunks/s (bench/workers.py). Each "
         "is an independent replica with its own controllers; per-worker limit_max x workers must stay within "
@@ -92,27 +108,33 @@ class Settings(BaseSettings, ControllerKnobs):
     )
     access_log: bool = Field(True, description="One log line per answered request (logger sweetspot.access).")
     event_loop_lag_interval_s: float = Field(
-        0.5, gt=0, description="How often the event loop's lag is measured (sweetspot_event_loop_lag_seconds).",
+        0.5,
+        gt=0,
+        description="How often the event loop's lag is measured (sweetspot_event_loop_lag_seconds).",
     )
     drain_timeout_s: float = Field(
-        300.0, ge=0,
+        300.0,
+        ge=0,
         description="On SIGTERM: how long running requests may take to finish. /readyz turns 503 at once, new and "
         "queued requests get 503 with Retry-After (a retrying SDK lands on another replica), running streams "
         "go on; one still running at the deadline ends with an error event. 5 minutes holds a long generation "
         "(8K tokens at 30 tokens/s); the orchestrator's grace period must exceed it (docs/deploy.md).",
     )
     max_connections: int = Field(
-        4096, ge=1,
+        4096,
+        ge=1,
         description="Client connections open at once; one more is answered 503 with Retry-After and closed. "
         "Bounds what idle or slow clients can hold (each costs a socket and a little memory).",
     )
     max_header_bytes: int = Field(
-        64 * 1024, ge=1024,
+        64 * 1024,
+        ge=1024,
         description="Largest request head (request line and headers together); beyond it the gateway answers 431 "
         "and closes the connection without buffering the rest. OpenAI SDK requests send about 1 KB.",
     )
     request_read_timeout_s: float = Field(
-        30.0, gt=0,
+        30.0,
+        gt=0,
         description="Longest a client may take to send a request's headers, and then its body, once it began "
         "(a slowloris defence): past it, 408 and the connection closed. A connection that sends nothing is "
         "closed after the same time.",
@@ -132,30 +154,35 @@ class Settings(BaseSettings, ControllerKnobs):
         5.0, gt=0, description="TCP connect timeout to an upstream (a loopback or LAN connect takes milliseconds)."
     )
     upstream_timeout_s: float = Field(
-        600.0, gt=0,
+        600.0,
+        gt=0,
         description="Longest a single upstream request may take, generation included. A non-streamed request's "
         "answer begins only when its generation ends, so this is also how long it may wait for that answer.",
     )
     first_token_timeout_s: float = Field(
-        120.0, gt=0,
+        120.0,
+        gt=0,
         description="Longest a streamed request may wait for its first token once admitted (the upstream's queue "
         "and prefill; headers included): past it the upstream request is aborted, the client gets 504 (or an "
         "error event, if the stream had begun). Under the controller the backend's own queue stays short, so "
         "two minutes means a hung server, not a busy one.",
     )
     stream_idle_timeout_s: float = Field(
-        60.0, gt=0,
+        60.0,
+        gt=0,
         description="Longest silence between two reads of a streamed answer: past it the upstream request is "
         "aborted and the client gets an error event. A decoding server sends a token every few to few hundred ms.",
     )
     upstream_timeouts_to_down: int = Field(
-        3, ge=1,
+        3,
+        ge=1,
         description="Timeouts in a row after which an upstream is taken out of rotation for health_hold_s even "
         "though its /health still answers: a server that takes requests and never answers holds every permit.",
     )
     health_hold_s: float = Field(
-        30.0, ge=0, description="How long an upstream taken out for timeouts stays out before the health poll may "
-        "bring it back.",
+        30.0,
+        ge=0,
+        description="How long an upstream taken out for timeouts stays out before the health poll may bring it back.",
     )
     health_interval_s: float = Field(2.0, gt=0, description="How often each upstream's health is polled.")
     metrics_interval_s: float = Field(
@@ -166,17 +193,17 @@ class Settings(BaseSettings, ControllerKnobs):
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Accepted client API keys (Authorization: Bearer). Empty: no auth."
     )
-    max_body_bytes: int = Field(
-        16 * 1024 * 1024, gt=0, description="Largest request body accepted; larger gets 413."
-    )
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Largest request body accepted; larger gets 413.")
     response_affinity_max: int = Field(
-        100_000, ge=1,
+        100_000,
+        ge=1,
         description="Responses API ids remembered with the upstream that created them (previous_response_id, "
         "GET/cancel by id reach that upstream); the oldest are forgotten first. About 150 bytes each.",
     )
     response_affinity_ttl_s: float = Field(
-        6 * 3600.0, gt=0, description="How long a response id is remembered (a backend keeps stored responses in "
-        "memory, not for ever)."
+        6 * 3600.0,
+        gt=0,
+        description="How long a response id is remembered (a backend keeps stored responses in memory, not for ever).",
     )
     passthrough_paths: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -216,12 +243,15 @@ class Settings(BaseSettings, ControllerKnobs):
     )
     default_priority: str = Field("standard", description="Class of a tenant that names none.")
     starvation_after: int = Field(
-        20, ge=0,
+        20,
+        ge=0,
         description="Anti-starvation: a lower class with requests waiting that was passed over this many "
         "admissions in a row gets the next one (so at least 1 in starvation_after + 1). 0: strict priority.",
     )
     tenant_reserve: float = Field(
-        0.1, ge=0, le=1,
+        0.1,
+        ge=0,
+        le=1,
         description="With `fair`: the top slots of each upstream's limit (this share of it, at least one, never "
         "all) go only to a tenant holding fewer than half its weighted share, while such a tenant has requests "
         "running; a light tenant's next request then finds a free slot instead of waiting for a release (about "
@@ -251,17 +281,20 @@ class Settings(BaseSettings, ControllerKnobs):
         "baseline for benchmarks). With one upstream there is nothing to choose. docs/gateway.md says why.",
     )
     routing_load_weight: float = Field(
-        1.0, ge=0,
+        1.0,
+        ge=0,
         description="Prefix routing's price of load: an upstream's score is the share of the prompt it holds minus "
         "this times its in-flight/limit. 0: affinity always wins among upstreams with room.",
     )
     routing_prefix_map_max: int = Field(
-        200_000, ge=1,
+        200_000,
+        ge=1,
         description="Prompt-prefix chunks (256 characters each) remembered with the upstreams that served them; "
         "the least recently used are forgotten first. About 250 bytes each.",
     )
     routing_prefix_ttl_s: float = Field(
-        600.0, gt=0,
+        600.0,
+        gt=0,
         description="How long a served prefix is taken to stay in an upstream's cache (backends evict under "
         "memory pressure; a stale guess only costs one cache miss).",
     )
@@ -269,7 +302,8 @@ class Settings(BaseSettings, ControllerKnobs):
         None, description="A `sweetspot sweep` JSON result: the controller starts at its sweet spot."
     )
     backend_max_seqs: int | None = Field(
-        None, ge=1,
+        None,
+        ge=1,
         description="The backend's own cap on concurrently running requests (vLLM --max-num-seqs; llama-server's "
         "--parallel is read from /props). The hard cap on the limit never exceeds it; vLLM does not publish it, "
         "so set it for vLLM. With R gateway replicas in front of one server, keep limit_max x R within it.",
@@ -281,12 +315,14 @@ class Settings(BaseSettings, ControllerKnobs):
         "it, or while Redis is unreachable, each replica judges by the backend's metrics alone. Needs the [share] extra.",
     )
     share_ttl_s: float = Field(
-        10.0, gt=0,
+        10.0,
+        gt=0,
         description="A replica's shared entry older than this is ignored (and removed): a replica that stopped "
         "publishing, a pod gone, leaves the others' shares within this time.",
     )
     kv_capacity_tokens: int | None = Field(
-        None, ge=1,
+        None,
+        ge=1,
         description="KV-cache capacity of each upstream in tokens (e.g. from `sweetspot plan --json`), used as a "
         "hard cap (capacity / typical request size) when the backend's own metrics give none.",
     )
@@ -325,16 +361,23 @@ class Settings(BaseSettings, ControllerKnobs):
         if value is None:
             return None
         module, sep, attribute = value.strip().partition(":")
-        if not sep or not module or not attribute or ":" in attribute or not all(
-                part.isidentifier() for part in (*module.split("."), *attribute.split("."))):
+        if (
+            not sep
+            or not module
+            or not attribute
+            or ":" in attribute
+            or not all(part.isidentifier() for part in (*module.split("."), *attribute.split(".")))
+        ):
             raise ValueError(f"{value!r} is not of the form 'module:factory' (e.g. 'mypackage.limits:MyLimit')")
         return value.strip()
 
     @model_validator(mode="after")
     def _check_algorithm_runs(self) -> Settings:
         if self.algorithm is not None and not self.control_enabled:
-            raise ValueError(f"algorithm {self.algorithm!r} needs the control loop, which control_enabled=false "
-                             "turns off (a static limit)")
+            raise ValueError(
+                f"algorithm {self.algorithm!r} needs the control loop, which control_enabled=false "
+                "turns off (a static limit)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -59,6 +59,13 @@ class Counting:
         return 3
 
     def state(self) -> dict[str, Any]:
-        return {"algorithm": "counting", "ticks": self.ticks, "ended": self.ended, "ok": self.ok,
-                "tokens": self.tokens, "max_inflight_at_start": self.max_inflight_at_start,
-                "max_inflight_after": self.max_inflight_after, "outcomes": self.outcomes}
+        return {
+            "algorithm": "counting",
+            "ticks": self.ticks,
+            "ended": self.ended,
+            "ok": self.ok,
+            "tokens": self.tokens,
+            "max_inflight_at_start": self.max_inflight_at_start,
+            "max_inflight_after": self.max_inflight_after,
+            "outcomes": self.outcomes,
+        }

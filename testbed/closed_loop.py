@@ -32,23 +32,30 @@ from testbed.gateway import Start, get_json, start_gateway
 # the backend's /metrics scraped every 0.5 s (the hard cap is known at once); why each, in
 # ``tests/integration/test_controller_llama.py``.
 FAST_CONTROL = {
-    "SWEETSPOT_CONTROL_INTERVAL_S": "0.5", "SWEETSPOT_SETTLE_S": "1", "SWEETSPOT_MEASURE_S": "2",
-    "SWEETSPOT_WINDOW_S": "5", "SWEETSPOT_REPROBE_S": "10", "SWEETSPOT_METRICS_INTERVAL_S": "0.5",
+    "SWEETSPOT_CONTROL_INTERVAL_S": "0.5",
+    "SWEETSPOT_SETTLE_S": "1",
+    "SWEETSPOT_MEASURE_S": "2",
+    "SWEETSPOT_WINDOW_S": "5",
+    "SWEETSPOT_REPROBE_S": "10",
+    "SWEETSPOT_METRICS_INTERVAL_S": "0.5",
 }
 
 Tick = Callable[[], None]
 
 
-def start_configurations(start: Start, upstream: str, static_limits: Iterable[int],
-                         env: Mapping[str, str] | None = None) -> dict[str, str]:
+def start_configurations(
+    start: Start, upstream: str, static_limits: Iterable[int], env: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """One gateway per configuration in front of ``upstream``: "controller" (default settings but
     ``FAST_CONTROL``, then ``env``), and "static K" (``--no-control --initial-limit K``) for each K; their
     URLs by name. Started side by side: each takes a second or two to import and start."""
     configs: dict[str, tuple[str, ...]] = {"controller": ()}
     configs |= {f"static {k}": ("--no-control", "--initial-limit", str(k)) for k in static_limits}
     with ThreadPoolExecutor(len(configs)) as pool:
-        started = {name: pool.submit(start_gateway, start, [upstream], *args, env={**FAST_CONTROL, **(env or {})})
-                   for name, args in configs.items()}
+        started = {
+            name: pool.submit(start_gateway, start, [upstream], *args, env={**FAST_CONTROL, **(env or {})})
+            for name, args in configs.items()
+        }
         return {name: future.result().url for name, future in started.items()}
 
 
@@ -74,9 +81,9 @@ class Interval:
         return (self.after - self.before) / (self.end - self.start)
 
 
-async def _measure(seconds: float, warmup_s: float, on_tick: Tick | None,
-                   read: Callable[[], float] | None) -> Interval:
+async def _measure(seconds: float, warmup_s: float, on_tick: Tick | None, read: Callable[[], float] | None) -> Interval:
     """Wait out the warm-up, then ``seconds`` calling ``on_tick`` every 0.5 s; ``read`` (a count) at both ends."""
+
     async def count() -> float:
         return 0.0 if read is None else await asyncio.to_thread(read)
 
@@ -119,9 +126,18 @@ class Run:
     tpot_p99: float | None = None
 
 
-async def stream_load(gateway: str, *, model: str, workload: Workload, clients: int, seconds: float,
-                      warmup_s: float, on_tick: Tick | None = None, tokens: Callable[[], float] | None = None,
-                      objectives: Objectives | None = None) -> Run:
+async def stream_load(
+    gateway: str,
+    *,
+    model: str,
+    workload: Workload,
+    clients: int,
+    seconds: float,
+    warmup_s: float,
+    on_tick: Tick | None = None,
+    tokens: Callable[[], float] | None = None,
+    objectives: Objectives | None = None,
+) -> Run:
     """``clients`` closed-loop streaming clients for ``warmup_s + seconds``: output tokens/s after the warm-up,
     by ``tokens`` (a counter such as the server's own, read before and after) or else by the chunks received
     (the tiny test models stream one token per chunk). Without objectives the clients hang up at the end, so
@@ -139,16 +155,23 @@ async def stream_load(gateway: str, *, model: str, workload: Workload, clients: 
     assert stats.failed == 0, f"{stats.failed} requests failed through {gateway}"
     if objectives is None:
         return Run(measured.rate)
-    good = [(r.chunk_times[0], r.end or r.chunk_times[-1], r.output_tokens) for r in records
-            if objectives.met(r) and r.chunk_times]
+    good = [
+        (r.chunk_times[0], r.end or r.chunk_times[-1], r.output_tokens)
+        for r in records
+        if objectives.met(r) and r.chunk_times
+    ]
     inside = [r for r in records if r.ok and r.chunk_times and measured.start <= r.chunk_times[0] <= measured.end]
 
     def p99(values: Iterable[float | None]) -> float | None:
         return percentile([v for v in values if v is not None], 99)
 
-    return Run(measured.rate, spread(good, measured.start, measured.end) / (measured.end - measured.start),
-               ttft_p99=p99(r.ttft for r in inside), upstream_ttft_p99=p99(r.upstream_ttft for r in inside),
-               tpot_p99=p99(r.tpot for r in inside))
+    return Run(
+        measured.rate,
+        spread(good, measured.start, measured.end) / (measured.end - measured.start),
+        ttft_p99=p99(r.ttft for r in inside),
+        upstream_ttft_p99=p99(r.upstream_ttft for r in inside),
+        tpot_p99=p99(r.tpot for r in inside),
+    )
 
 
 def spread(answers: list[tuple[float, float, int]], begin: float, end: float) -> float:
@@ -162,9 +185,17 @@ def spread(answers: list[tuple[float, float, int]], begin: float, end: float) ->
     return total
 
 
-async def whole_load(gateway: str, *, model: str, workload: Workload, clients: int, seconds: float,
-                     warmup_s: float, on_tick: Tick | None = None,
-                     tokens: Callable[[], float] | None = None) -> Run:
+async def whole_load(
+    gateway: str,
+    *,
+    model: str,
+    workload: Workload,
+    clients: int,
+    seconds: float,
+    warmup_s: float,
+    on_tick: Tick | None = None,
+    tokens: Callable[[], float] | None = None,
+) -> Run:
     """``clients`` closed-loop clients asking for whole (non-streamed) answers for ``warmup_s + seconds``:
     output tokens/s inside the measured interval, by ``tokens`` (a server counter that moves as tokens are
     generated) or else each answer's count spread over its life, the answers in flight at the end let finish
@@ -216,8 +247,11 @@ class Comparison:
         """Controller / static, round by round, the median over the rounds, for each static configuration. A
         static run that delivered nothing (every request outside the objectives) counts as infinitely worse."""
         mine = self.runs["controller"]
-        return {name: statistics.median(c / s if s > 0 else math.inf for c, s in zip(mine, values))
-                for name, values in self.runs.items() if name != "controller"}
+        return {
+            name: statistics.median(c / s if s > 0 else math.inf for c, s in zip(mine, values))
+            for name, values in self.runs.items()
+            if name != "controller"
+        }
 
     @property
     def best_static(self) -> str:
@@ -227,9 +261,11 @@ class Comparison:
 
     def report(self) -> str:
         medians = {name: round(statistics.median(values)) for name, values in self.runs.items()}
-        return (f"tokens/s per run {({n: [round(v) for v in vs] for n, vs in self.runs.items()})}; medians "
-                f"{medians}; controller / static, median of the rounds "
-                f"{({n: round(r, 3) for n, r in self.paired.items()})}; best static: {self.best_static}")
+        return (
+            f"tokens/s per run { ({n: [round(v) for v in vs] for n, vs in self.runs.items()}) }; medians "
+            f"{medians}; controller / static, median of the rounds "
+            f"{ ({n: round(r, 3) for n, r in self.paired.items()}) }; best static: {self.best_static}"
+        )
 
 
 async def rotated_rounds(names: list[str], rounds: int, run: Callable[[str], Awaitable[float]]) -> Comparison:

@@ -106,8 +106,16 @@ class FaultUpstream:
             return False
         if mode.startswith("status:"):
             status = int(mode.split(":", 1)[1])
-            body = json.dumps({"error": {"message": f"fault upstream answers {status}", "type": "server_error",
-                                         "param": None, "code": None}}).encode()
+            body = json.dumps(
+                {
+                    "error": {
+                        "message": f"fault upstream answers {status}",
+                        "type": "server_error",
+                        "param": None,
+                        "code": None,
+                    }
+                }
+            ).encode()
             conn.sendall(_response(status, body, "application/json"))
             return True
         if request.get("stream"):
@@ -126,10 +134,17 @@ class FaultUpstream:
                 self._stop.wait(LINGER_S)
             conn.sendall(b"0\r\n\r\n")
             return True
-        body = json.dumps({"id": "x", "object": "chat.completion", "model": MODEL,
-                           "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"},
-                                        "finish_reason": "stop"}],
-                           "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
+        body = json.dumps(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "model": MODEL,
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            }
+        ).encode()
         conn.sendall(_response(200, body, "application/json"))
         return True
 
@@ -148,14 +163,17 @@ def _read_head(reader) -> tuple[str, str, dict[str, str]] | None:  # type: ignor
 
 def _get_answer(path: str) -> bytes:
     if path.startswith("/v1/models"):
-        return _response(200, json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode(),
-                         "application/json")
+        return _response(
+            200, json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode(), "application/json"
+        )
     return _response(200, b"{}", "application/json")
 
 
 def _response(status: int, body: bytes, content_type: str) -> bytes:
-    return (f"HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
-            "connection: keep-alive\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
+        "connection: keep-alive\r\n\r\n"
+    ).encode() + body
 
 
 def _event(payload: dict) -> bytes:

@@ -14,17 +14,22 @@ Start = Callable[..., RunningProcess]
 
 
 def start_sim(start: Start, *args: str, time_scale: float = 1.0) -> RunningProcess:
-    return start(sweetspot("sim", "--port", "0", "--time-scale", str(time_scale), *args),
-                 ready_pattern=LISTENING, ready_url="{url}/health")
+    return start(
+        sweetspot("sim", "--port", "0", "--time-scale", str(time_scale), *args),
+        ready_pattern=LISTENING,
+        ready_url="{url}/health",
+    )
 
 
-def start_gateway(start: Start, upstreams: list[str], *args: str, env: dict[str, str] | None = None,
-                  ready: bool = True) -> RunningProcess:
+def start_gateway(
+    start: Start, upstreams: list[str], *args: str, env: dict[str, str] | None = None, ready: bool = True
+) -> RunningProcess:
     cmd = ["serve", "--port", "0", "--log-level", "warning"]
     for url in upstreams:
         cmd += ["--upstream", url]
-    return start(sweetspot(*cmd, *args), ready_pattern=LISTENING,
-                 ready_url="{url}/readyz" if ready else "{url}/healthz", env=env)
+    return start(
+        sweetspot(*cmd, *args), ready_pattern=LISTENING, ready_url="{url}/readyz" if ready else "{url}/healthz", env=env
+    )
 
 
 def get(url: str) -> tuple[int, dict]:

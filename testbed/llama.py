@@ -12,15 +12,14 @@ from typing import Any
 
 import pytest
 
+from gateway.common.processes import LISTENING, RunningProcess
 from testbed.llama_server import LlamaServerConfig, LlamaServerNotFound, find_binary
 from testbed.tiny_gguf import TinyModelSpec, ensure_model
-from gateway.common.processes import LISTENING, RunningProcess, free_port
 
 Start = Callable[..., RunningProcess]
 
 #: The served model id tests send in their requests (llama-server's --alias).
 MODEL = "tiny-llama"
-
 
 
 def llama_binary() -> Path:
@@ -37,8 +36,9 @@ def llama_config(port: int = 0, **overrides: Any) -> LlamaServerConfig:
     return LlamaServerConfig(model=ensure_model(TinyModelSpec()), port=port, alias=MODEL, **overrides)
 
 
-def start_llama_server(start: Start, config: LlamaServerConfig | None = None, *, timeout: float = 120.0,
-                       ready: bool = True) -> RunningProcess:
+def start_llama_server(
+    start: Start, config: LlamaServerConfig | None = None, *, timeout: float = 120.0, ready: bool = True
+) -> RunningProcess:
     """Start llama-server and return once it answers ``/health`` with 200 (``ready=False``: once it listens).
 
     With ``port=0`` llama-server picks a free port and prints it in its "listening on" line, which it

@@ -11,8 +11,8 @@ benchmark of the *gateway* wants upstream, so that the proxy's own CPU, not the 
 
 from __future__ import annotations
 
-from testbed.llama_server import LlamaServerConfig, find_binary
 from gateway.common.processes import LISTENING, RunningProcess, start_process
+from testbed.llama_server import LlamaServerConfig, find_binary
 from testbed.tiny_gguf import TinyModelSpec, ensure_model
 
 #: 2 layers of width 64 (about 0.1M parameters with the 440-token vocabulary): a decode step takes
@@ -24,12 +24,14 @@ NEAR_FREE_ALIAS = "near-free"
 def start_server(config: LlamaServerConfig, *, timeout_s: float = 120.0) -> RunningProcess:
     """Start llama-server with ``config`` (``port=0``: it picks one) and return once it serves; a failure
     to start raises :class:`~gateway.common.processes.ProcessError` with the server's output."""
-    return start_process(config.command(find_binary()), ready_pattern=LISTENING, ready_url="{url}/health",
-                         timeout=timeout_s)
+    return start_process(
+        config.command(find_binary()), ready_pattern=LISTENING, ready_url="{url}/health", timeout=timeout_s
+    )
 
 
-def start_near_free_server(parallel: int = 32, *, threads: int = 1, ctx_per_slot: int = 512,
-                           http_threads: int | None = None) -> tuple[RunningProcess, str]:
+def start_near_free_server(
+    parallel: int = 32, *, threads: int = 1, ctx_per_slot: int = 512, http_threads: int | None = None
+) -> tuple[RunningProcess, str]:
     """llama-server on :data:`NEAR_FREE_MODEL` with ``parallel`` slots; returns ``(process, url)``.
 
     One thread by default: on a 2-core machine a second ggml thread buys nothing for a model this small
@@ -39,7 +41,14 @@ def start_near_free_server(parallel: int = 32, *, threads: int = 1, ctx_per_slot
     need more than the default, or one's idle connections starve the next one's requests.
     """
     extra = ("--threads-http", str(http_threads)) if http_threads else ()
-    config = LlamaServerConfig(model=ensure_model(NEAR_FREE_MODEL), port=0, parallel=parallel,
-                               ctx_per_slot=ctx_per_slot, threads=threads, alias=NEAR_FREE_ALIAS, extra=extra)
+    config = LlamaServerConfig(
+        model=ensure_model(NEAR_FREE_MODEL),
+        port=0,
+        parallel=parallel,
+        ctx_per_slot=ctx_per_slot,
+        threads=threads,
+        alias=NEAR_FREE_ALIAS,
+        extra=extra,
+    )
     proc = start_server(config)
     return proc, proc.url

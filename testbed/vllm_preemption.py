@@ -104,7 +104,9 @@ class Budget:
         moment of their lives, with three spreads to spare (``capacity.kv_cap``: 12 for the default, where C
         is 11). Static C never preempts; up to this many, out of step, a preemption is rare."""
         outputs = range(self.output_len.shortest, self.longest_output + 1)
-        samples = [RequestSample(0.0, 0.0, 1.0, 0.1, self.prompt_tokens, output, RequestOutcome.OK) for output in outputs]
+        samples = [
+            RequestSample(0.0, 0.0, 1.0, 0.1, self.prompt_tokens, output, RequestOutcome.OK) for output in outputs
+        ]
         footprint = Footprint.of(samples)
         assert footprint is not None
         return kv_cap(self.kv_blocks * BLOCK, BLOCK, footprint)
@@ -174,8 +176,10 @@ async def idle(url: str, timeout: float = 30.0) -> None:
     ended their requests they hold KV blocks (and preempt) under the next run."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        busy = [await asyncio.to_thread(vllm_counter, url, name)
-                for name in ("vllm:num_requests_running", "vllm:num_requests_waiting")]
+        busy = [
+            await asyncio.to_thread(vllm_counter, url, name)
+            for name in ("vllm:num_requests_running", "vllm:num_requests_waiting")
+        ]
         if not any(busy):
             await asyncio.sleep(1.0)  # a scrape and a tick: the gateways read the counters as they stand now
             return
@@ -186,17 +190,22 @@ async def idle(url: str, timeout: float = 30.0) -> None:
 def changes(state: dict) -> list[str]:
     """The controller's limit changes: when (its clock), why, the signals behind it, and what it and the
     backend had running then."""
+
     def line(d: dict) -> str:
         i = d["inputs"]
-        return (f"t={d['now']:.1f} {d['previous']}->{d['limit']} {d['reason']} {i.get('signals', '')} "
-                f"inflight={i.get('inflight')} peak={i.get('peak_inflight')} queued={i.get('queue_depth')} "
-                f"kv={i.get('kv_usage')} backend_running={i.get('backend_running')} "
-                f"preempted={i.get('preemptions_total')}")
+        return (
+            f"t={d['now']:.1f} {d['previous']}->{d['limit']} {d['reason']} {i.get('signals', '')} "
+            f"inflight={i.get('inflight')} peak={i.get('peak_inflight')} queued={i.get('queue_depth')} "
+            f"kv={i.get('kv_usage')} backend_running={i.get('backend_running')} "
+            f"preempted={i.get('preemptions_total')}"
+        )
+
     return [line(d) for d in state["controller"].get("decisions", []) if d["limit"] != d["previous"]]
 
 
-async def compare(start: Start, vllm_url: str, budget: Budget, *, streamed: bool, pace: Pace,
-                  env: Mapping[str, str] | None = None) -> Outcome:
+async def compare(
+    start: Start, vllm_url: str, budget: Budget, *, streamed: bool, pace: Pace, env: Mapping[str, str] | None = None
+) -> Outcome:
     """3C closed-loop clients (streamed, or asking for whole answers): the controller converges under them,
     then rotated rounds of the controller, static C and static 2C; what each delivered, and the checks:
     static 2C preempts, the controller settles at or below what the gateway's hard cap lets run
@@ -208,14 +217,22 @@ async def compare(start: Start, vllm_url: str, budget: Budget, *, streamed: bool
     config = upstream_state(controller)["controller"]["config"]
     objectives = Objectives(ttft_s=config["ttft_p99_slo_s"], tpot_s=config["tpot_p99_slo_s"])
     clients = 3 * c
-    load = (partial(stream_load, model=MODEL, workload=budget.workload, clients=clients, objectives=objectives)
-            if streamed else partial(whole_load, model=MODEL, workload=budget.workload, clients=clients))
+    load = (
+        partial(stream_load, model=MODEL, workload=budget.workload, clients=clients, objectives=objectives)
+        if streamed
+        else partial(whole_load, model=MODEL, workload=budget.workload, clients=clients)
+    )
     generated = partial(vllm_counter, vllm_url, "vllm:generation_tokens_total")
     preempted = partial(vllm_counter, vllm_url, "vllm:num_preemptions_total")
     converging: list[int] = []
     await idle(vllm_url)
-    await load(controller, seconds=pace.converge_s, warmup_s=0.0, tokens=generated,
-               on_tick=lambda: converging.append(limit_of(controller)))
+    await load(
+        controller,
+        seconds=pace.converge_s,
+        warmup_s=0.0,
+        tokens=generated,
+        on_tick=lambda: converging.append(limit_of(controller)),
+    )
     converged_at = limit_of(controller)
     settled: list[int] = []
     reasons: Counter[str] = Counter()
@@ -234,8 +251,9 @@ async def compare(start: Start, vllm_url: str, budget: Budget, *, streamed: bool
         watch = look if name == "controller" else None
         await idle(vllm_url)
         before, began = preempted(), time.monotonic()
-        result = await load(gateways[name], seconds=pace.measure_s, warmup_s=pace.warmup_s, on_tick=watch,
-                            tokens=generated)
+        result = await load(
+            gateways[name], seconds=pace.measure_s, warmup_s=pace.warmup_s, on_tick=watch, tokens=generated
+        )
         preemptions[name] += preempted() - before
         spans.append(f"{name} {began:.1f}-{time.monotonic():.1f}")
         throughput[name].append(round(result.tokens_per_s))
@@ -249,16 +267,27 @@ async def compare(start: Start, vllm_url: str, budget: Budget, *, streamed: bool
     over = f"static {2 * c}"
     met = {
         f"{over} preempts": preemptions[over] > 0,
-        f"settles at or below {budget.fits} (C={c})": bool(settled) and max(settled) <= budget.fits
+        f"settles at or below {budget.fits} (C={c})": bool(settled)
+        and max(settled) <= budget.fits
         and converged_at <= budget.fits,
         "at most one preemption a minute": preemptions["controller"] <= math.ceil(pace.measured_s / 60),
         **{f">= 0.9x {name}": ratio >= 0.9 for name, ratio in paired.items()},
     }
     state = upstream_state(controller)
     return Outcome(
-        compared_on="goodput" if streamed else "throughput", c=c, objectives=vars(objectives),
-        limit_converging=converging, limit_converged=converged_at, limit_measured=settled, reasons_measured=dict(reasons),
-        metered_by=state["controller"]["algorithm"].get("tokens_source"), preemptions=preemptions,
+        compared_on="goodput" if streamed else "throughput",
+        c=c,
+        objectives=vars(objectives),
+        limit_converging=converging,
+        limit_converged=converged_at,
+        limit_measured=settled,
+        reasons_measured=dict(reasons),
+        metered_by=state["controller"]["algorithm"].get("tokens_source"),
+        preemptions=preemptions,
         runs={name: [round(v) for v in values] for name, values in comparison.runs.items()},
-        throughput=throughput, ratio={name: round(r, 3) for name, r in paired.items()},
-        limit_changes=changes(state), spans=spans, met=met)
+        throughput=throughput,
+        ratio={name: round(r, 3) for name, r in paired.items()},
+        limit_changes=changes(state),
+        spans=spans,
+        met=met,
+    )

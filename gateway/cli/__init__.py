@@ -41,6 +41,8 @@ def main() -> None:
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in TOOL_PACKAGES:
             raise
-        typer.echo(f"this command needs {exc.name}, which the base install leaves out: "
-                   "pip install 'sweetspot-gateway[tools]'", err=True)
+        typer.echo(
+            f"this command needs {exc.name}, which the base install leaves out: pip install 'sweetspot-gateway[tools]'",
+            err=True,
+        )
         raise SystemExit(2) from None

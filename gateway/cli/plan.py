@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -17,35 +16,87 @@ from gateway.cli import app
 
 @app.command("plan")
 def plan(
-    gguf: Optional[Path] = typer.Option(None, "--gguf", help="Read the shape from a local GGUF file."),
-    hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="Read the shape from a Hugging Face config.json."),
-    name: Optional[str] = typer.Option(None, help="Model name for the report."),
-    params: Optional[str] = typer.Option(None, "--params", help="Total parameters, e.g. 35B (all experts of a MoE)."),
-    active_params: Optional[str] = typer.Option(None, "--active-params", help="Parameters used per token, e.g. 3B."),
-    layers: Optional[str] = typer.Option(None, help="Decoder layers."),
-    kv_layers: Optional[str] = typer.Option(None, "--kv-layers", help="Layers holding a KV cache (hybrids: the attention layers)."),
-    kv_heads: Optional[str] = typer.Option(None, "--kv-heads", help="KV heads per attention layer."),
-    head_dim: Optional[str] = typer.Option(None, "--head-dim", help="Head dimension of K and V."),
-    kv_latent_dim: Optional[str] = typer.Option(None, "--kv-latent-dim", help="MLA: cached latent per token per layer (kv_lora_rank + qk_rope_head_dim)."),
-    sliding_window: Optional[str] = typer.Option(None, "--sliding-window", help="Sliding-window size in tokens of the sliding layers."),
-    sliding_layers: Optional[str] = typer.Option(None, "--sliding-layers", help="How many of the KV layers slide (the rest keep the whole context)."),
-    kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help="KV cache dtype: fp16, bf16, fp8, q8_0, q4_0, ... (default: model dtype, else fp16)."),
-    weight_quant: Optional[str] = typer.Option(None, "--weight-quant", help="Weight format for params -> bytes: bf16, fp8, q8_0, q4_k_m, q4_0, ..."),
-    weights_gb: Optional[str] = typer.Option(None, "--weights-gb", help="Weight size in GiB (e.g. the GGUF file size); beats --weight-quant."),
-    experts: Optional[str] = typer.Option(None, help="Routed experts per MoE layer."),
-    experts_used: Optional[str] = typer.Option(None, "--experts-used", help="Routed experts used per token."),
-    seq_state: Optional[str] = typer.Option(None, "--seq-state", help="Linear-attention state per sequence, e.g. 62.8125MiB (hybrid models)."),
-    gpu_gb: Optional[list[str]] = typer.Option(None, "--gpu-gb", help="GPU memory in GiB; repeat or comma-separate (default 16,24,32,48,80)."),
-    kv_cache_gb: Optional[str] = typer.Option(None, "--kv-cache-gb", help="Plan a fixed KV budget in GiB instead of GPUs (vLLM --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE)."),
-    context: Optional[list[str]] = typer.Option(None, "--context", help="Context per sequence (prompt+output): 4K,8K,... (default 4K,8K,16K,32K)."),
-    util: str = typer.Option("0.9", "--gpu-memory-utilization", help="Fraction of GPU memory the engine may use (vLLM semantics; 1.0 for llama-server)."),
-    overhead_gb: str = typer.Option("1.5", "--overhead-gb", help="Runtime overhead in GiB: CUDA context, activations, graphs."),
-    block_tokens: str = typer.Option("1", "--block-tokens", help="KV allocation granularity in tokens for the planner's view (vLLM: 16, llama.cpp: 1)."),
-    batched_tokens: Optional[str] = typer.Option(None, "--max-num-batched-tokens", help="vLLM's --max-num-batched-tokens for its view (default: vllm serve's, 2048, or 8192 on GPUs >= 70 GiB)."),
-    vllm_block: str = typer.Option("16", "--vllm-block-size", help="vLLM's --block-size for its view (GPU default 16; read the CPU build's from its log)."),
-    vllm_batches: str = typer.Option("2", "--vllm-concurrent-batches", help="Batches vLLM keeps in flight for its view: 2 with async scheduling (GPU default), 1 on the CPU build or with --no-async-scheduling."),
-    vllm_prefix_caching: bool = typer.Option(True, "--vllm-prefix-caching/--vllm-no-prefix-caching", help="vLLM's prefix caching for its view (vllm serve's default: on; hybrids then reserve two state pages per request)."),
-    bandwidth_gbs: Optional[str] = typer.Option(None, "--bandwidth-gbs", help="Memory bandwidth in GB/s for a decode-speed ceiling."),
+    gguf: Path | None = typer.Option(None, "--gguf", help="Read the shape from a local GGUF file."),
+    hf_config: Path | None = typer.Option(None, "--hf-config", help="Read the shape from a Hugging Face config.json."),
+    name: str | None = typer.Option(None, help="Model name for the report."),
+    params: str | None = typer.Option(None, "--params", help="Total parameters, e.g. 35B (all experts of a MoE)."),
+    active_params: str | None = typer.Option(None, "--active-params", help="Parameters used per token, e.g. 3B."),
+    layers: str | None = typer.Option(None, help="Decoder layers."),
+    kv_layers: str | None = typer.Option(
+        None, "--kv-layers", help="Layers holding a KV cache (hybrids: the attention layers)."
+    ),
+    kv_heads: str | None = typer.Option(None, "--kv-heads", help="KV heads per attention layer."),
+    head_dim: str | None = typer.Option(None, "--head-dim", help="Head dimension of K and V."),
+    kv_latent_dim: str | None = typer.Option(
+        None, "--kv-latent-dim", help="MLA: cached latent per token per layer (kv_lora_rank + qk_rope_head_dim)."
+    ),
+    sliding_window: str | None = typer.Option(
+        None, "--sliding-window", help="Sliding-window size in tokens of the sliding layers."
+    ),
+    sliding_layers: str | None = typer.Option(
+        None, "--sliding-layers", help="How many of the KV layers slide (the rest keep the whole context)."
+    ),
+    kv_dtype: str | None = typer.Option(
+        None, "--kv-dtype", help="KV cache dtype: fp16, bf16, fp8, q8_0, q4_0, ... (default: model dtype, else fp16)."
+    ),
+    weight_quant: str | None = typer.Option(
+        None, "--weight-quant", help="Weight format for params -> bytes: bf16, fp8, q8_0, q4_k_m, q4_0, ..."
+    ),
+    weights_gb: str | None = typer.Option(
+        None, "--weights-gb", help="Weight size in GiB (e.g. the GGUF file size); beats --weight-quant."
+    ),
+    experts: str | None = typer.Option(None, help="Routed experts per MoE layer."),
+    experts_used: str | None = typer.Option(None, "--experts-used", help="Routed experts used per token."),
+    seq_state: str | None = typer.Option(
+        None, "--seq-state", help="Linear-attention state per sequence, e.g. 62.8125MiB (hybrid models)."
+    ),
+    gpu_gb: list[str] | None = typer.Option(
+        None, "--gpu-gb", help="GPU memory in GiB; repeat or comma-separate (default 16,24,32,48,80)."
+    ),
+    kv_cache_gb: str | None = typer.Option(
+        None,
+        "--kv-cache-gb",
+        help="Plan a fixed KV budget in GiB instead of GPUs (vLLM --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE).",
+    ),
+    context: list[str] | None = typer.Option(
+        None, "--context", help="Context per sequence (prompt+output): 4K,8K,... (default 4K,8K,16K,32K)."
+    ),
+    util: str = typer.Option(
+        "0.9",
+        "--gpu-memory-utilization",
+        help="Fraction of GPU memory the engine may use (vLLM semantics; 1.0 for llama-server).",
+    ),
+    overhead_gb: str = typer.Option(
+        "1.5", "--overhead-gb", help="Runtime overhead in GiB: CUDA context, activations, graphs."
+    ),
+    block_tokens: str = typer.Option(
+        "1",
+        "--block-tokens",
+        help="KV allocation granularity in tokens for the planner's view (vLLM: 16, llama.cpp: 1).",
+    ),
+    batched_tokens: str | None = typer.Option(
+        None,
+        "--max-num-batched-tokens",
+        help="vLLM's --max-num-batched-tokens for its view (default: vllm serve's, 2048, or 8192 on GPUs >= 70 GiB).",
+    ),
+    vllm_block: str = typer.Option(
+        "16",
+        "--vllm-block-size",
+        help="vLLM's --block-size for its view (GPU default 16; read the CPU build's from its log).",
+    ),
+    vllm_batches: str = typer.Option(
+        "2",
+        "--vllm-concurrent-batches",
+        help="Batches vLLM keeps in flight for its view: 2 with async scheduling (GPU default), 1 on the CPU build or with --no-async-scheduling.",
+    ),
+    vllm_prefix_caching: bool = typer.Option(
+        True,
+        "--vllm-prefix-caching/--vllm-no-prefix-caching",
+        help="vLLM's prefix caching for its view (vllm serve's default: on; hybrids then reserve two state pages per request).",
+    ),
+    bandwidth_gbs: str | None = typer.Option(
+        None, "--bandwidth-gbs", help="Memory bandwidth in GB/s for a decode-speed ceiling."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     """Plan VRAM: weights, KV bytes per token, and max concurrent sequences per context and GPU, beside

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -12,21 +12,29 @@ from gateway.cli import app
 
 @app.command("serve")
 def serve(
-    upstream: Annotated[Optional[list[str]], typer.Option("--upstream", "-u", help="Upstream base URL (repeatable).")] = None,
-    host: Annotated[Optional[str], typer.Option(help="Listen address [env SWEETSPOT_HOST].")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Listen port [env SWEETSPOT_PORT].")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Worker processes on the one port [env SWEETSPOT_WORKERS].")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML settings file.")] = None,
-    backend: Annotated[Optional[str], typer.Option(help="auto, vllm, llamacpp or openai.")] = None,
-    initial_limit: Annotated[Optional[int], typer.Option(help="Concurrency limit per upstream at start.")] = None,
-    max_queue: Annotated[Optional[int], typer.Option(help="Queue size before 429.")] = None,
-    queue_timeout_s: Annotated[Optional[float], typer.Option(help="Queue wait before 503.")] = None,
-    routing: Annotated[Optional[str], typer.Option(help="prefix, least_loaded or random (several upstreams).")] = None,
-    control: Annotated[Optional[bool], typer.Option("--control/--no-control", help="AIMD controller on/off.")] = None,
-    algorithm: Annotated[Optional[str], typer.Option(
-        help="module:factory of another limit algorithm in the controller's place [env SWEETSPOT_ALGORITHM].")] = None,
-    sweep_result: Annotated[Optional[Path], typer.Option(help="`sweetspot sweep` JSON: start at its sweet spot.")] = None,
-    log_level: Annotated[Optional[str], typer.Option(help="debug, info, warning or error.")] = None,
+    upstream: Annotated[
+        list[str] | None, typer.Option("--upstream", "-u", help="Upstream base URL (repeatable).")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Listen address [env SWEETSPOT_HOST].")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port [env SWEETSPOT_PORT].")] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="Worker processes on the one port [env SWEETSPOT_WORKERS].")
+    ] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML settings file.")] = None,
+    backend: Annotated[str | None, typer.Option(help="auto, vllm, llamacpp or openai.")] = None,
+    initial_limit: Annotated[int | None, typer.Option(help="Concurrency limit per upstream at start.")] = None,
+    max_queue: Annotated[int | None, typer.Option(help="Queue size before 429.")] = None,
+    queue_timeout_s: Annotated[float | None, typer.Option(help="Queue wait before 503.")] = None,
+    routing: Annotated[str | None, typer.Option(help="prefix, least_loaded or random (several upstreams).")] = None,
+    control: Annotated[bool | None, typer.Option("--control/--no-control", help="AIMD controller on/off.")] = None,
+    algorithm: Annotated[
+        str | None,
+        typer.Option(
+            help="module:factory of another limit algorithm in the controller's place [env SWEETSPOT_ALGORITHM]."
+        ),
+    ] = None,
+    sweep_result: Annotated[Path | None, typer.Option(help="`sweetspot sweep` JSON: start at its sweet spot.")] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
 ) -> None:
     """Run the gateway. Every option can also come from SWEETSPOT_* env vars or the TOML file."""
     from pydantic import ValidationError
@@ -35,20 +43,20 @@ def serve(
 
     try:
         run(
-        config=config,
-        upstreams=upstream or None,
-        host=host,
-        port=port,
-        workers=workers,
-        backend=backend,
-        initial_limit=initial_limit,
-        max_queue=max_queue,
-        queue_timeout_s=queue_timeout_s,
-        control_enabled=control,
-        algorithm=algorithm,
-        routing=routing,
-        sweep_result=sweep_result,
-        log_level=log_level,
+            config=config,
+            upstreams=upstream or None,
+            host=host,
+            port=port,
+            workers=workers,
+            backend=backend,
+            initial_limit=initial_limit,
+            max_queue=max_queue,
+            queue_timeout_s=queue_timeout_s,
+            control_enabled=control,
+            algorithm=algorithm,
+            routing=routing,
+            sweep_result=sweep_result,
+            log_level=log_level,
         )
     except (ValueError, FileNotFoundError) as exc:
         # Bad settings from any source (ValidationError and SweepResultError are ValueErrors) end here,

@@ -19,7 +19,8 @@ def sim(
     max_model_len: int | None = typer.Option(None, help="Override the profile's context length."),
     max_num_seqs: int | None = typer.Option(None, help="Override the profile's max_num_seqs."),
     eos_mean_tokens: float | None = typer.Option(
-        None, help="Requests without ignore_eos stop at a random length with this mean (default: run to max_tokens)."),
+        None, help="Requests without ignore_eos stop at a random length with this mean (default: run to max_tokens)."
+    ),
     list_profiles: bool = typer.Option(False, "--list-profiles", help="Print the profiles and exit."),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
     api_key: str | None = typer.Option(None, help="Require this bearer key on /v1/* (like vLLM's --api-key)."),
@@ -32,14 +33,16 @@ def sim(
 
     if list_profiles:
         for p in PROFILES.values():
-            typer.echo(f"{p.name}: {p.description} ({p.num_gpu_blocks} KV blocks, "
-                       f"{p.kv_capacity_tokens} tokens)")
+            typer.echo(f"{p.name}: {p.description} ({p.num_gpu_blocks} KV blocks, {p.kv_capacity_tokens} tokens)")
         raise typer.Exit()
     try:
         chosen = get_profile(profile)
         if max_model_len or max_num_seqs:
-            chosen = dataclasses.replace(chosen, max_model_len=max_model_len or chosen.max_model_len,
-                                         max_num_seqs=max_num_seqs or chosen.max_num_seqs)
+            chosen = dataclasses.replace(
+                chosen,
+                max_model_len=max_model_len or chosen.max_model_len,
+                max_num_seqs=max_num_seqs or chosen.max_num_seqs,
+            )
             chosen.validate()
     except (KeyError, ValueError) as exc:
         raise typer.BadParameter(str(exc.args[0]), param_hint="--profile") from None
@@ -48,6 +51,14 @@ def sim(
 
     from gateway.sim.http_app import SimConfig, serve
 
-    config = SimConfig(profile=chosen, model_name=model_name, time_scale=time_scale, seed=seed, admin=admin,
-                       eos_mean_tokens=eos_mean_tokens, api_key=api_key, prefix_caching=prefix_caching)
+    config = SimConfig(
+        profile=chosen,
+        model_name=model_name,
+        time_scale=time_scale,
+        seed=seed,
+        admin=admin,
+        eos_mean_tokens=eos_mean_tokens,
+        api_key=api_key,
+        prefix_caching=prefix_caching,
+    )
     serve(config, host=host, port=port, log_level=log_level)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -40,42 +39,72 @@ def _slo(value: float) -> float | None:
 
 @app.command("sweep")
 def sweep(
-    url: str = typer.Option(..., "--url", help="Server base URL (a backend directly, or the gateway), e.g. http://127.0.0.1:8000."),
-    api: str = typer.Option("chat", "--api", help="chat (/v1/chat/completions), completions (/v1/completions), "
-                            "responses (/v1/responses) or messages (Anthropic's /v1/messages)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of GET /v1/models)."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="Bearer token, if the server wants one."),
+    url: str = typer.Option(
+        ..., "--url", help="Server base URL (a backend directly, or the gateway), e.g. http://127.0.0.1:8000."
+    ),
+    api: str = typer.Option(
+        "chat",
+        "--api",
+        help="chat (/v1/chat/completions), completions (/v1/completions), "
+        "responses (/v1/responses) or messages (Anthropic's /v1/messages).",
+    ),
+    model: str | None = typer.Option(None, "--model", help="Model name (default: the first of GET /v1/models)."),
+    api_key: str | None = typer.Option(
+        None, "--api-key", envvar="OPENAI_API_KEY", help="Bearer token, if the server wants one."
+    ),
     header: list[str] = typer.Option([], "--header", "-H", help="Extra header 'Name: value' (repeatable)."),
     levels: str = typer.Option(DEFAULT_LEVELS, "--levels", help="Concurrency levels, comma-separated."),
-    requests: Optional[int] = typer.Option(None, "--requests", help="Measured requests per level (default: 4 per client, at least 16)."),
-    duration: Optional[float] = typer.Option(None, "--duration", help="Seconds of measurement per level, instead of --requests."),
-    warmup: Optional[int] = typer.Option(None, "--warmup", help="Warm-up requests per level, excluded (default: one per client)."),
-    warmup_s: Optional[float] = typer.Option(None, "--warmup-s", help="Warm-up seconds per level, excluded."),
-    rate: Optional[float] = typer.Option(None, "--rate", help="Open loop: Poisson arrivals at this many req/s, capped at each level's concurrency."),
-    prompt_len: str = typer.Option("256", "--prompt-len", help="Prompt tokens: N, A..B, uniform:A,B, normal:MEAN,STD, lognormal:MEAN,STD."),
-    output_len: str = typer.Option("128", "--output-len", help="Output tokens (max_tokens), same forms as --prompt-len."),
+    requests: int | None = typer.Option(
+        None, "--requests", help="Measured requests per level (default: 4 per client, at least 16)."
+    ),
+    duration: float | None = typer.Option(
+        None, "--duration", help="Seconds of measurement per level, instead of --requests."
+    ),
+    warmup: int | None = typer.Option(
+        None, "--warmup", help="Warm-up requests per level, excluded (default: one per client)."
+    ),
+    warmup_s: float | None = typer.Option(None, "--warmup-s", help="Warm-up seconds per level, excluded."),
+    rate: float | None = typer.Option(
+        None, "--rate", help="Open loop: Poisson arrivals at this many req/s, capped at each level's concurrency."
+    ),
+    prompt_len: str = typer.Option(
+        "256", "--prompt-len", help="Prompt tokens: N, A..B, uniform:A,B, normal:MEAN,STD, lognormal:MEAN,STD."
+    ),
+    output_len: str = typer.Option(
+        "128", "--output-len", help="Output tokens (max_tokens), same forms as --prompt-len."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed for lengths, prompts and Poisson arrivals."),
-    ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Ask the server to ignore EOS so outputs have the drawn length."),
-    extra_body: Optional[str] = typer.Option(None, "--extra-body", help="JSON object merged into every request body."),
+    ignore_eos: bool = typer.Option(
+        True, "--ignore-eos/--no-ignore-eos", help="Ask the server to ignore EOS so outputs have the drawn length."
+    ),
+    extra_body: str | None = typer.Option(None, "--extra-body", help="JSON object merged into every request body."),
     slo_ttft_ms: float = typer.Option(2000.0, "--slo-ttft-ms", help="p99 TTFT objective in ms (0 disables)."),
     slo_tpot_ms: float = typer.Option(100.0, "--slo-tpot-ms", help="p99 TPOT objective in ms (0 disables)."),
     slo_e2e_ms: float = typer.Option(0.0, "--slo-e2e-ms", help="p99 end-to-end objective in ms (0 disables)."),
-    fraction: float = typer.Option(0.9, "--fraction", help="Sweet spot: smallest concurrency reaching this fraction of peak tokens/s."),
-    cliff_tolerance: float = typer.Option(0.10, "--cliff-tolerance", help="A drop of tokens/s by more than this fraction of the best so far is a cliff."),
-    max_error_rate: float = typer.Option(0.01, "--max-error-rate", help="A level with a larger share of failed requests is a cliff."),
+    fraction: float = typer.Option(
+        0.9, "--fraction", help="Sweet spot: smallest concurrency reaching this fraction of peak tokens/s."
+    ),
+    cliff_tolerance: float = typer.Option(
+        0.10, "--cliff-tolerance", help="A drop of tokens/s by more than this fraction of the best so far is a cliff."
+    ),
+    max_error_rate: float = typer.Option(
+        0.01, "--max-error-rate", help="A level with a larger share of failed requests is a cliff."
+    ),
     early_stop: bool = typer.Option(True, "--early-stop/--no-early-stop", help="Stop at the first cliff."),
     timeout: float = typer.Option(600.0, "--timeout", help="Per-request timeout in seconds."),
     level_timeout: float = typer.Option(600.0, "--level-timeout", help="Time limit for one level in seconds."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory for sweep.json, sweep.md, sweep.png (default runs/sweep-<time>)."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Directory for sweep.json, sweep.md, sweep.png (default runs/sweep-<time>)."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output; only the final table."),
 ) -> None:
     """Sweep concurrency levels and report peak tokens/s, the sweet spot and the cliff."""
     from rich.console import Console
 
-    from gateway.sweep.progress import sweep_progress
-    from gateway.sweep.tables import headline, rich_table, write_report
-    from gateway.sweep.result import SLO
     from gateway.sweep.driver import SweepConfig, SweepError, run_sweep_sync
+    from gateway.sweep.progress import sweep_progress
+    from gateway.sweep.result import SLO
+    from gateway.sweep.tables import headline, rich_table, write_report
     from gateway.sweep.workload import Workload, parse_length
 
     if api not in ("chat", "completions", "responses", "messages"):
@@ -98,8 +127,14 @@ def sweep(
             warmup_requests=warmup,
             warmup_s=warmup_s,
             rate=rate,
-            workload=Workload(api=api, prompt_len=parse_length(prompt_len), output_len=parse_length(output_len),  # type: ignore[arg-type]
-                              ignore_eos=ignore_eos, seed=seed, extra_body=body),
+            workload=Workload(
+                api=api,  # type: ignore[arg-type]
+                prompt_len=parse_length(prompt_len),
+                output_len=parse_length(output_len),
+                ignore_eos=ignore_eos,
+                seed=seed,
+                extra_body=body,
+            ),
             slo=SLO(ttft_ms=_slo(slo_ttft_ms), tpot_ms=_slo(slo_tpot_ms), e2e_ms=_slo(slo_e2e_ms)),
             fraction=fraction,
             cliff_tolerance=cliff_tolerance,

@@ -80,10 +80,20 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve_app(app: ASGIApp, *, name: str, host: str, port: int, log_level: str = "info",
-              banner: Callable[[], str] | None = None, http: type[asyncio.Protocol] | str = "httptools",
-              drain: Callable[[], Awaitable[None]] | None = None, sock: socket.socket | None = None,
-              ready: Callable[[], object] | None = None, logging_configured: bool = False) -> None:
+def serve_app(
+    app: ASGIApp,
+    *,
+    name: str,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    banner: Callable[[], str] | None = None,
+    http: type[asyncio.Protocol] | str = "httptools",
+    drain: Callable[[], Awaitable[None]] | None = None,
+    sock: socket.socket | None = None,
+    ready: Callable[[], object] | None = None,
+    logging_configured: bool = False,
+) -> None:
     """Serve until SIGINT/SIGTERM, printing ``{name} listening on http://HOST:PORT`` once ready. ``http`` is
     uvicorn's protocol (a class, for the gateway's front door); ``drain`` runs on the first signal. A worker
     passes its own listening ``sock`` and a ``ready`` hook instead: its parent announces the port.
@@ -93,9 +103,17 @@ def serve_app(app: ASGIApp, *, name: str, host: str, port: int, log_level: str =
         sock = listen_socket(host, port)
     bound_port = sock.getsockname()[1]
     shown = shown_host(host)
-    config = uvicorn.Config(app, http=http, loop="uvloop", lifespan="on", log_level=log_level,
-                            access_log=False, timeout_keep_alive=30, timeout_graceful_shutdown=5,
-                            log_config=None if logging_configured else uvicorn.config.LOGGING_CONFIG)
+    config = uvicorn.Config(
+        app,
+        http=http,
+        loop="uvloop",
+        lifespan="on",
+        log_level=log_level,
+        access_log=False,
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=5,
+        log_config=None if logging_configured else uvicorn.config.LOGGING_CONFIG,
+    )
     server = uvicorn.Server(config) if drain is None else DrainingServer(config, drain)
 
     async def main() -> None:
@@ -150,6 +168,7 @@ class NumericConnectLoop(uvloop.Loop):
             pass
         connected = self.create_future()
         fd = sock.fileno()
+
         def writable() -> None:
             if not connected.done():
                 connected.set_result(None)

@@ -108,14 +108,17 @@ class RunningProcess:
         with self._lock:
             while True:
                 first_kept = self._read_count - len(self._lines)
-                for line in list(self._lines)[max(seen - first_kept, 0):]:
+                for line in list(self._lines)[max(seen - first_kept, 0) :]:
                     m = regex.search(line)
                     if m:
                         return m
                 seen = self._read_count
                 if self.popen.poll() is not None and not self._reader.is_alive():
-                    raise ProcessError(self._why(f"exited with code {self.popen.returncode} before printing "
-                                                 f"a line matching {pattern!r}"))
+                    raise ProcessError(
+                        self._why(
+                            f"exited with code {self.popen.returncode} before printing a line matching {pattern!r}"
+                        )
+                    )
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ProcessError(self._why(f"printed no line matching {pattern!r} within {timeout:.0f}s"))
@@ -206,8 +209,13 @@ def start_process(
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_bytes(b"")
     popen = subprocess.Popen(
-        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env=full_env, cwd=cwd, start_new_session=True,
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=full_env,
+        cwd=cwd,
+        start_new_session=True,
         preexec_fn=_die_with_parent if die_with_parent and sys.platform == "linux" else None,
     )
     proc = RunningProcess(cmd, popen, log_path)

@@ -39,8 +39,9 @@ class ConnectionUse:
         self.reused = False
 
 
-_CURRENT: contextvars.ContextVar[ConnectionUse | None] = contextvars.ContextVar("sweetspot_connection_use",
-                                                                              default=None)
+_CURRENT: contextvars.ContextVar[ConnectionUse | None] = contextvars.ContextVar(
+    "sweetspot_connection_use", default=None
+)
 
 
 @contextmanager
@@ -73,12 +74,12 @@ class ReuseAwareConnector(aiohttp.TCPConnector):
 
 def is_stale(exc: BaseException, use: ConnectionUse) -> bool:
     """True when ``exc`` is a kept connection found closed: the request never reached the server."""
-    return use.reused and isinstance(exc, STALE_CONNECTION_ERRORS) and not isinstance(
-        exc, aiohttp.ClientConnectorError)
+    return use.reused and isinstance(exc, STALE_CONNECTION_ERRORS) and not isinstance(exc, aiohttp.ClientConnectorError)
 
 
-async def resend_if_stale(attempt: Callable[[], Awaitable[T]], *, resends: int,
-                          on_resend: Callable[[], None] | None = None) -> T:
+async def resend_if_stale(
+    attempt: Callable[[], Awaitable[T]], *, resends: int, on_resend: Callable[[], None] | None = None
+) -> T:
     """For idempotent requests only: ``await attempt()``, called again up to ``resends`` times while it fails
     on a stale connection; the last failure propagates. ``on_resend`` runs before each resend (a metric)."""
     for tried in range(resends + 1):

@@ -55,8 +55,13 @@ class TokenAccounting:
 
     def _backend_live(self, now: float, headroom: Headroom) -> bool:
         at = headroom.backend_at
-        return (headroom.generation_tokens_live and headroom.generation_tokens_total is not None
-                and self._backend_last is not None and at is not None and now - at <= self._stale_s)
+        return (
+            headroom.generation_tokens_live
+            and headroom.generation_tokens_total is not None
+            and self._backend_last is not None
+            and at is not None
+            and now - at <= self._stale_s
+        )
 
     def _attribute(self, headroom: Headroom, inflight: int) -> None:
         """Add our share of the counter's increase since the previous scrape."""

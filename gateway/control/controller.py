@@ -25,11 +25,17 @@ from collections import deque
 from typing import Any
 
 from gateway.control.accounting import TokenAccounting
-from gateway.control.knee_search.aimd import Aimd
 from gateway.control.algorithm import Action, Decision, LimitAlgorithm
 from gateway.control.config import AimdConfig, StartPoint
+from gateway.control.knee_search.aimd import Aimd
 from gateway.control.observation import (
-    NO_HEADROOM, Headroom, Latency, LimiterState, Observation, TokenCount, observe,
+    NO_HEADROOM,
+    Headroom,
+    Latency,
+    LimiterState,
+    Observation,
+    TokenCount,
+    observe,
 )
 from gateway.control.share import Peers
 from gateway.control.window import SlidingWindow, WindowStats
@@ -93,10 +99,17 @@ class UpstreamControl:
         self._spare_at = None if full else now
         while self._bursts and self._bursts[0][1] < now - window.horizon_s:
             self._bursts.popleft()
-        fresh = [s for s in window.samples(now)
-                 if s.admitted >= self._evidence_since and not self._in_burst(s.admitted)]
+        fresh = [
+            s for s in window.samples(now) if s.admitted >= self._evidence_since and not self._in_burst(s.admitted)
+        ]
         observation = observe(
-            now, stats, limiter, headroom, hard_cap=hard_cap, latency=Latency.of(fresh), count=count,
+            now,
+            stats,
+            limiter,
+            headroom,
+            hard_cap=hard_cap,
+            latency=Latency.of(fresh),
+            count=count,
             peers=peers,
         )
         decision = self.algorithm.step(observation)
@@ -142,8 +155,11 @@ class UpstreamControl:
             "upstream": self.name,
             "limit": self.limit,
             "ticks": self.ticks,
-            "start": None if self.start is None else {
-                "limit": self.start.limit, "peak_tokens_per_s": self.start.peak_tokens_per_s,
+            "start": None
+            if self.start is None
+            else {
+                "limit": self.start.limit,
+                "peak_tokens_per_s": self.start.peak_tokens_per_s,
             },
             "config": self.config.model_dump(),
             "algorithm": self.algorithm.state(),
@@ -162,8 +178,20 @@ class UpstreamControl:
             "action": decision.action.value,
             "reason": decision.reason.value,
             "phase": decision.phase,
-            **{key: inputs.get(key) for key in (
-                "tokens_per_s", "measured_tokens_per_s", "ttft_p99", "tpot_p99", "queue_depth",
-                "peak_inflight", "kv_usage", "backend_waiting", "upstream_errors", "timeouts",
-            ) if inputs.get(key) is not None},
+            **{
+                key: inputs.get(key)
+                for key in (
+                    "tokens_per_s",
+                    "measured_tokens_per_s",
+                    "ttft_p99",
+                    "tpot_p99",
+                    "queue_depth",
+                    "peak_inflight",
+                    "kv_usage",
+                    "backend_waiting",
+                    "upstream_errors",
+                    "timeouts",
+                )
+                if inputs.get(key) is not None
+            },
         }

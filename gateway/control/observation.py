@@ -102,14 +102,14 @@ class Latency:
     tpot_p50: float | None
 
     @classmethod
-    def of(cls, samples: list[RequestSample]) -> "Latency":
+    def of(cls, samples: list[RequestSample]) -> Latency:
         ok = [s for s in samples if s.outcome is Outcome.OK]
         ttft = [v for v in (s.upstream_ttft for s in ok) if v is not None]
         tpot = [v for v in (s.tpot for s in ok) if v is not None]
         return cls(len(ok), percentile(ttft, 99), percentile(tpot, 99), percentile(tpot, 50))
 
     @classmethod
-    def from_stats(cls, stats: WindowStats) -> "Latency":
+    def from_stats(cls, stats: WindowStats) -> Latency:
         return cls(stats.ok, stats.upstream_ttft_p99, stats.tpot_p99, stats.tpot_p50)
 
 
@@ -176,9 +176,13 @@ class Observation:
         """The flat numbers (no per-GPU detail), rounded for logs and the JSON state view."""
         out: dict[str, Any] = {}
         if self.peers is not None:
-            out["peers"] = {"replicas": self.peers.replicas, "demand": round(self.peers.demand, 2),
-                            "limit": self.peers.limit, "age_s": round(self.peers.age_s, 2),
-                            "leader": None if self.peers.leader is None else self.peers.leader.replica}
+            out["peers"] = {
+                "replicas": self.peers.replicas,
+                "demand": round(self.peers.demand, 2),
+                "limit": self.peers.limit,
+                "age_s": round(self.peers.age_s, 2),
+                "leader": None if self.peers.leader is None else self.peers.leader.replica,
+            }
         for name, value in asdict(self).items():
             if name in ("gpus", "token_spans", "peers"):
                 continue

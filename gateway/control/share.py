@@ -55,15 +55,20 @@ class Peers:
     leader: Entry | None = None
 
     @classmethod
-    def of(cls, entries: list[Entry], now: float, me: Entry | None = None) -> "Peers | None":
+    def of(cls, entries: list[Entry], now: float, me: Entry | None = None) -> Peers | None:
         """The others' ``entries`` as seen by ``me`` (this replica's own entry, for the leader's choice)."""
         if not entries:
             return None
         used = sum(min(e.limit, max(round(e.demand), 0)) for e in entries)
         candidates = [e for e in entries if e.binding] + ([me] if me is not None and me.binding else [])
         leader = min(candidates, key=lambda e: e.replica, default=None)
-        return cls(len(entries), sum(e.demand for e in entries), used, max(now - min(e.at for e in entries), 0.0),
-                   None if leader is me else leader)
+        return cls(
+            len(entries),
+            sum(e.demand for e in entries),
+            used,
+            max(now - min(e.at for e in entries), 0.0),
+            None if leader is me else leader,
+        )
 
 
 def _known(peers: Peers | None, stale_s: float) -> bool:

@@ -26,11 +26,26 @@ def summary_table(summaries: Sequence[PhaseSummary], *, width: int = 120) -> Tab
     """One row per phase. Under 95 columns the share in band and tokens/s are left out (they are in the
     JSON) so the table still fits an 80-column terminal."""
     wide = width >= 95
-    table = Table(title="where the controller held (steady part of each phase)", title_justify="left",
-                  box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
-    columns = [("phase", "left"), ("clients", "right"), ("sweet\nspot", "right"), ("limit\n(min-max)", "right"),
-               ("ratio", "right"), ("in\nband", "right"), ("in-\nflight", "right"), ("queued", "right"),
-               ("tok/s", "right"), ("verdict", "left")]
+    table = Table(
+        title="where the controller held (steady part of each phase)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        collapse_padding=True,
+        pad_edge=False,
+    )
+    columns = [
+        ("phase", "left"),
+        ("clients", "right"),
+        ("sweet\nspot", "right"),
+        ("limit\n(min-max)", "right"),
+        ("ratio", "right"),
+        ("in\nband", "right"),
+        ("in-\nflight", "right"),
+        ("queued", "right"),
+        ("tok/s", "right"),
+        ("verdict", "left"),
+    ]
     keep = [wide or name not in ("in\nband", "tok/s") for name, _ in columns]
     for (name, justify), kept in zip(columns, keep):
         if kept:
@@ -38,10 +53,16 @@ def summary_table(summaries: Sequence[PhaseSummary], *, width: int = 120) -> Tab
     for s in summaries:
         verdict = {PASS: f"[green]{s.verdict}[/]", MISS: f"[bold red]{s.verdict}[/]"}.get(s.verdict, s.verdict)
         cells = [
-            s.name, str(s.clients), _n(s.reference),
+            s.name,
+            str(s.clients),
+            _n(s.reference),
             f"{_n(s.limit_median, '{:g}')} ({_n(s.limit_min)}-{_n(s.limit_max)})",
-            _n(s.ratio, "{:.2f}"), _n(None if s.in_band is None else s.in_band * 100, "{:.0f}%"),
-            _n(s.inflight_median), _n(s.queued_median), _n(s.tokens_per_s_median), verdict,
+            _n(s.ratio, "{:.2f}"),
+            _n(None if s.in_band is None else s.in_band * 100, "{:.0f}%"),
+            _n(s.inflight_median),
+            _n(s.queued_median),
+            _n(s.tokens_per_s_median),
+            verdict,
         ]
         table.add_row(*(cell for cell, kept in zip(cells, keep) if kept))
     return table
@@ -56,8 +77,9 @@ def headline(summaries: Sequence[PhaseSummary], passed: bool | None, controller_
     for s in summaries:
         lines.append(f"  {s.name}: {s.note}" + (f" [{s.reference_source}]" if s.judged else ""))
     if not controller_seen:
-        lines.append("the gateway reported no controller state: the limit above is its static limit "
-                     "(no AIMD controller ran)")
+        lines.append(
+            "the gateway reported no controller state: the limit above is its static limit (no AIMD controller ran)"
+        )
     if passed is None:
         lines.append("result: no phase was judged")
     elif passed:
@@ -68,8 +90,15 @@ def headline(summaries: Sequence[PhaseSummary], passed: bool | None, controller_
     return lines
 
 
-def write_json(path: Path, *, meta: dict[str, Any], summaries: Sequence[PhaseSummary], passed: bool | None,
-               samples: Sequence[Sample], decisions: list[Any] | None) -> Path:
+def write_json(
+    path: Path,
+    *,
+    meta: dict[str, Any],
+    summaries: Sequence[PhaseSummary],
+    passed: bool | None,
+    samples: Sequence[Sample],
+    decisions: list[Any] | None,
+) -> Path:
     document = {
         "kind": KIND,
         "schema_version": SCHEMA_VERSION,

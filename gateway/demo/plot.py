@@ -26,8 +26,14 @@ def _series(samples: Sequence[Sample], name: str) -> tuple[list[float], list[flo
     return xs, ys
 
 
-def plot_timeline(samples: Sequence[Sample], phases: Sequence[Phase], summaries: Sequence[PhaseSummary],
-                  path: str | Path, *, title: str) -> Path:
+def plot_timeline(
+    samples: Sequence[Sample],
+    phases: Sequence[Phase],
+    summaries: Sequence[PhaseSummary],
+    path: str | Path,
+    *,
+    title: str,
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -49,8 +55,14 @@ def plot_timeline(samples: Sequence[Sample], phases: Sequence[Phase], summaries:
             continue
         ref = summary.reference
         alpha = 0.25 if summary.judged else 0.08
-        top.fill_between([summary.start_s, summary.end_s], ref * (1 - TOLERANCE), ref * (1 + TOLERANCE),
-                         color="tab:green", alpha=alpha, linewidth=0)
+        top.fill_between(
+            [summary.start_s, summary.end_s],
+            ref * (1 - TOLERANCE),
+            ref * (1 + TOLERANCE),
+            color="tab:green",
+            alpha=alpha,
+            linewidth=0,
+        )
         top.hlines(ref, summary.start_s, summary.end_s, colors="tab:green", linestyles="--", linewidth=1)
     top.plot([], [], color="tab:green", linestyle="--", label=f"sweet spot +-{TOLERANCE:.0%} (judged: darker)")
     top.set_ylabel("requests")
@@ -72,8 +84,16 @@ def plot_timeline(samples: Sequence[Sample], phases: Sequence[Phase], summaries:
             ax.axvline(start, color="0.3", linewidth=0.8, linestyle="-")
     for summary, phase in zip(summaries, phases):
         label = phase.name + (f" ({phase.speed_factor:g}x slow)" if phase.speed_factor != 1.0 else "")
-        top.annotate(label, xy=((summary.start_s + summary.end_s) / 2, 1.0), xycoords=("data", "axes fraction"),
-                     xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", fontsize=8)
+        top.annotate(
+            label,
+            xy=((summary.start_s + summary.end_s) / 2, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(0, 4),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     target = Path(path)

@@ -24,22 +24,27 @@ class Reference:
 
 
 def _scale_stats(stats: Stats, factor: float) -> Stats:
-    updates = {name: getattr(stats, name) * factor for name in ("mean", "p50", "p90", "p99")
-               if getattr(stats, name) is not None}
+    updates = {
+        name: getattr(stats, name) * factor
+        for name in ("mean", "p50", "p90", "p99")
+        if getattr(stats, name) is not None
+    }
     return stats.model_copy(update=updates)
 
 
 def slowed_level(level: LevelMetrics, factor: float) -> LevelMetrics:
     """``level`` as it would measure on a backend whose every step takes ``factor`` times as long."""
-    return level.model_copy(update={
-        "output_tokens_per_s": level.output_tokens_per_s / factor,
-        "requests_per_s": level.requests_per_s / factor,
-        "goodput_requests_per_s": None,
-        "ttft_ms": _scale_stats(level.ttft_ms, factor),
-        "tpot_ms": _scale_stats(level.tpot_ms, factor),
-        "itl_ms": _scale_stats(level.itl_ms, factor),
-        "e2e_ms": _scale_stats(level.e2e_ms, factor),
-    })
+    return level.model_copy(
+        update={
+            "output_tokens_per_s": level.output_tokens_per_s / factor,
+            "requests_per_s": level.requests_per_s / factor,
+            "goodput_requests_per_s": None,
+            "ttft_ms": _scale_stats(level.ttft_ms, factor),
+            "tpot_ms": _scale_stats(level.tpot_ms, factor),
+            "itl_ms": _scale_stats(level.itl_ms, factor),
+            "e2e_ms": _scale_stats(level.e2e_ms, factor),
+        }
+    )
 
 
 def reference_for(result: SweepResult, speed_factor: float = 1.0) -> Reference:
@@ -53,12 +58,22 @@ def reference_for(result: SweepResult, speed_factor: float = 1.0) -> Reference:
         )
     settings = result.settings
     levels = [judge(slowed_level(level, speed_factor), settings.slo) for level in result.levels]
-    verdict = find_sweet_spot(levels, slo=settings.slo, fraction=settings.fraction,
-                              tolerance=settings.cliff_tolerance, max_error_rate=settings.max_error_rate)
+    verdict = find_sweet_spot(
+        levels,
+        slo=settings.slo,
+        fraction=settings.fraction,
+        tolerance=settings.cliff_tolerance,
+        max_error_rate=settings.max_error_rate,
+    )
     spot = verdict.sweet_spot
-    source = (f"the sweep re-judged at {speed_factor:g}x step time (tokens/s / {speed_factor:g}, "
-              f"latencies x {speed_factor:g}, same SLOs)")
+    source = (
+        f"the sweep re-judged at {speed_factor:g}x step time (tokens/s / {speed_factor:g}, "
+        f"latencies x {speed_factor:g}, same SLOs)"
+    )
     if spot is None:
         source += f": no sweet spot ({verdict.reason})"
-    return Reference(concurrency=spot.concurrency if spot else None,
-                     tokens_per_s=spot.output_tokens_per_s if spot else None, source=source)
+    return Reference(
+        concurrency=spot.concurrency if spot else None,
+        tokens_per_s=spot.output_tokens_per_s if spot else None,
+        source=source,
+    )

@@ -28,24 +28,24 @@ from typing import Any
 import aiohttp
 from rich.console import Console
 
-from gateway.sweep.client import StreamClient, Target
-from gateway.sweep.live import LiveWindow
-from gateway.sweep.loadgen import ClosedLoopPool
-from gateway.sweep.progress import sweep_progress
-from gateway.sweep.tables import headline as sweep_headline
-from gateway.sweep.tables import write_report
-from gateway.sweep.result import SweepResult
-from gateway.sweep.driver import SweepConfig, SweepError, run_sweep
-from gateway.sweep.workload import RequestFactory, Workload
 from gateway.common.processes import LISTENING, ProcessError, process_factory, sweetspot_module
+from gateway.demo.outcome import headline, summary_table, write_json
 from gateway.demo.plot import plot_timeline
 from gateway.demo.reference import Reference, reference_for
-from gateway.demo.outcome import headline, summary_table, write_json
 from gateway.demo.script import DEFAULT, QUICK, Script, default_workload, gateway_env, scaled_slo
 from gateway.demo.summary import overall, summarize
 from gateway.demo.timeline import Sample, build_sample
 from gateway.demo.view import PlainView, make_view
 from gateway.settings import Settings
+from gateway.sweep.client import StreamClient, Target
+from gateway.sweep.driver import SweepConfig, SweepError, run_sweep
+from gateway.sweep.live import LiveWindow
+from gateway.sweep.loadgen import ClosedLoopPool
+from gateway.sweep.progress import sweep_progress
+from gateway.sweep.result import SweepResult
+from gateway.sweep.tables import headline as sweep_headline
+from gateway.sweep.tables import write_report
+from gateway.sweep.workload import RequestFactory, Workload
 
 DEFAULT_PROFILE = "qwen3.6-35b-a3b-32gb"
 
@@ -87,6 +87,7 @@ class DemoOutcome:
 @contextmanager
 def _sigterm_interrupts() -> Iterator[None]:
     """Treat SIGTERM (CI cancelling a job, ``kill``) like Ctrl-C, so the same cleanup runs."""
+
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
@@ -105,7 +106,7 @@ async def _get_json(http: aiohttp.ClientSession, url: str) -> Any:
     try:
         async with http.get(url) as resp:
             return await resp.json() if resp.status == 200 else None
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, ValueError):
         return None
 
 
@@ -115,9 +116,17 @@ async def _set_speed(http: aiohttp.ClientSession, sim_url: str, factor: float) -
             raise DemoError(f"the simulator refused speed_factor={factor}: HTTP {resp.status} {await resp.text()}")
 
 
-async def _drive(gateway_url: str, sim_url: str, model: str, script: Script, workload: Workload,
-                 references: list[Reference], view: PlainView | Any, samples: list[Sample],
-                 sample_every_s: float) -> list[Any] | None:
+async def _drive(
+    gateway_url: str,
+    sim_url: str,
+    model: str,
+    script: Script,
+    workload: Workload,
+    references: list[Reference],
+    view: PlainView | Any,
+    samples: list[Sample],
+    sample_every_s: float,
+) -> list[Any] | None:
     """Run the phases, appending to ``samples``; returns the controller's decision log at the end."""
     target = Target(gateway_url, model=model, timeout_s=300.0)
     async with StreamClient(target) as client, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
@@ -136,8 +145,9 @@ async def _drive(gateway_url: str, sim_url: str, model: str, script: Script, wor
                 planned_end += phase.duration_s
                 next_tick = time.perf_counter()
                 while time.perf_counter() - began < planned_end:
-                    state, backend = await asyncio.gather(_get_json(http, f"{gateway_url}/state"),
-                                                          _get_json(http, f"{sim_url}/admin/scenario"))
+                    state, backend = await asyncio.gather(
+                        _get_json(http, f"{gateway_url}/state"), _get_json(http, f"{sim_url}/admin/scenario")
+                    )
                     now = time.perf_counter()
                     stats = pool.stats()
                     live.observe(now, stats)
@@ -154,13 +164,21 @@ async def _drive(gateway_url: str, sim_url: str, model: str, script: Script, wor
     return controller.get("decisions") if isinstance(controller, dict) else None
 
 
-def _sweep(console: Console, sim_url: str, script: Script, workload: Workload, time_scale: float,
-           out: Path) -> SweepResult:
+def _sweep(
+    console: Console, sim_url: str, script: Script, workload: Workload, time_scale: float, out: Path
+) -> SweepResult:
     # The sweep judges the sweet spot by the controller's own criterion (the smallest concurrency reaching
     # knee_fraction of the peak), so the two numbers the summary compares mean the same thing.
-    config = SweepConfig(url=sim_url, levels=script.sweep_levels, duration_s=script.sweep_measure_s,
-                         workload=workload, slo=scaled_slo(time_scale), request_timeout_s=120.0,
-                         level_timeout_s=120.0, fraction=Settings().knee_fraction)
+    config = SweepConfig(
+        url=sim_url,
+        levels=script.sweep_levels,
+        duration_s=script.sweep_measure_s,
+        workload=workload,
+        slo=scaled_slo(time_scale),
+        request_timeout_s=120.0,
+        level_timeout_s=120.0,
+        fraction=Settings().knee_fraction,
+    )
     try:
         with sweep_progress(console) as progress:
             result = asyncio.run(run_sweep(config, progress))
@@ -170,8 +188,9 @@ def _sweep(console: Console, sim_url: str, script: Script, workload: Workload, t
     for line in sweep_headline(result):
         console.print(line, highlight=False, soft_wrap=True, markup=False)
     if result.sweet_spot is None:
-        raise DemoError(f"the sweep found no sweet spot to start the controller at ({result.verdict}); "
-                        f"see {out / 'sweep.md'}")
+        raise DemoError(
+            f"the sweep found no sweet spot to start the controller at ({result.verdict}); see {out / 'sweep.md'}"
+        )
     return result
 
 
@@ -191,10 +210,17 @@ def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
     env = gateway_env(options.time_scale)
     outcome = DemoOutcome(out=out, exit_code=0)
     files = outcome.files
-    files.update({"summary+timeline": out / "demo.json", "plot": out / "demo.png",
-                  "sweep": out / "sweep" / "sweep.json", "sweep table": out / "sweep" / "sweep.md",
-                  "sweep plot": out / "sweep" / "sweep.png", "simulator log": out / "sim.log",
-                  "gateway log": out / "gateway.log"})
+    files.update(
+        {
+            "summary+timeline": out / "demo.json",
+            "plot": out / "demo.png",
+            "sweep": out / "sweep" / "sweep.json",
+            "sweep table": out / "sweep" / "sweep.md",
+            "sweep plot": out / "sweep" / "sweep.png",
+            "simulator log": out / "sim.log",
+            "gateway log": out / "gateway.log",
+        }
+    )
     samples: list[Sample] = []
     decisions: list[Any] | None = None
     result: SweepResult | None = None
@@ -204,33 +230,78 @@ def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
     console.print(
         f"sweetspot demo: simulator ({options.profile}) at {options.time_scale:g}x real time; sweep, then "
         f"{len(script.phases)} load phases ({script.load_s:.0f} s) through the gateway; files in {out}",
-        highlight=False, soft_wrap=True)
+        highlight=False,
+        soft_wrap=True,
+    )
     console.print(
         f"the gateway's time constants and SLOs are scaled by the same {options.time_scale:g}x: "
-        + ", ".join(f"{k}={v}" for k, v in env.items()), highlight=False, soft_wrap=True, markup=False)
+        + ", ".join(f"{k}={v}" for k, v in env.items()),
+        highlight=False,
+        soft_wrap=True,
+        markup=False,
+    )
     with _sigterm_interrupts():
         try:
             with process_factory() as start:
-                sim = start(sweetspot_module(
-                    "sim", "--port", "0", "--profile", options.profile, "--time-scale", f"{options.time_scale:g}",
-                    "--admin", "--seed", str(options.seed)),
-                    ready_pattern=LISTENING, ready_url="{url}/health", timeout=60,
-                    log_path=out / "sim.log", die_with_parent=True)
+                sim = start(
+                    sweetspot_module(
+                        "sim",
+                        "--port",
+                        "0",
+                        "--profile",
+                        options.profile,
+                        "--time-scale",
+                        f"{options.time_scale:g}",
+                        "--admin",
+                        "--seed",
+                        str(options.seed),
+                    ),
+                    ready_pattern=LISTENING,
+                    ready_url="{url}/health",
+                    timeout=60,
+                    log_path=out / "sim.log",
+                    die_with_parent=True,
+                )
                 pids["sim"] = sim.pid
                 console.print(f"simulator listening on {sim.url}", highlight=False)
                 result = _sweep(console, sim.url, script, workload, options.time_scale, out / "sweep")
                 references = [reference_for(result, p.speed_factor) for p in script.phases]
-                gateway = start(sweetspot_module(
-                    "serve", "--upstream", sim.url, "--port", "0", "--sweep-result",
-                    str(out / "sweep" / "sweep.json"), "--log-level", "info"), env=env,
-                    ready_pattern=LISTENING, ready_url="{url}/readyz", timeout=60,
-                    log_path=out / "gateway.log", die_with_parent=True)
+                gateway = start(
+                    sweetspot_module(
+                        "serve",
+                        "--upstream",
+                        sim.url,
+                        "--port",
+                        "0",
+                        "--sweep-result",
+                        str(out / "sweep" / "sweep.json"),
+                        "--log-level",
+                        "info",
+                    ),
+                    env=env,
+                    ready_pattern=LISTENING,
+                    ready_url="{url}/readyz",
+                    timeout=60,
+                    log_path=out / "gateway.log",
+                    die_with_parent=True,
+                )
                 pids["gateway"] = gateway.pid
                 console.print(f"gateway listening on {gateway.url}, in front of {sim.url}", highlight=False)
                 view = make_view(console, script.phases, plain=options.plain, every_s=options.print_every_s)
                 with view:
-                    decisions = asyncio.run(_drive(gateway.url, sim.url, result.server.model, script, workload,
-                                                   references, view, samples, options.sample_every_s))
+                    decisions = asyncio.run(
+                        _drive(
+                            gateway.url,
+                            sim.url,
+                            result.server.model,
+                            script,
+                            workload,
+                            references,
+                            view,
+                            samples,
+                            options.sample_every_s,
+                        )
+                    )
         except KeyboardInterrupt:
             outcome.interrupted, outcome.exit_code = True, 130
             console.print("interrupted: every process the demo started has been stopped", highlight=False)
@@ -238,15 +309,36 @@ def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
             outcome.exit_code = 1
             console.print(f"error: {exc}", highlight=False, soft_wrap=True, markup=False)
     if result is not None and samples:
-        _finish(console, options, script, result, references, samples, decisions, env, pids, outcome,
-                time.perf_counter() - started)
+        _finish(
+            console,
+            options,
+            script,
+            result,
+            references,
+            samples,
+            decisions,
+            env,
+            pids,
+            outcome,
+            time.perf_counter() - started,
+        )
     _print_files(console, files)
     return outcome
 
 
-def _finish(console: Console, options: DemoOptions, script: Script, result: SweepResult,
-            references: list[Reference], samples: list[Sample], decisions: list[Any] | None,
-            env: dict[str, str], pids: dict[str, int], outcome: DemoOutcome, elapsed_s: float) -> None:
+def _finish(
+    console: Console,
+    options: DemoOptions,
+    script: Script,
+    result: SweepResult,
+    references: list[Reference],
+    samples: list[Sample],
+    decisions: list[Any] | None,
+    env: dict[str, str],
+    pids: dict[str, int],
+    outcome: DemoOutcome,
+    elapsed_s: float,
+) -> None:
     summaries = summarize(script.phases, samples, references)
     passed = overall(summaries)
     controller_seen = any(s.action is not None for s in samples)
@@ -259,23 +351,43 @@ def _finish(console: Console, options: DemoOptions, script: Script, result: Swee
         "created_at": datetime.now().astimezone().isoformat(timespec="seconds"),
         "interrupted": outcome.interrupted,
         "elapsed_s": round(elapsed_s, 1),
-        "options": {"time_scale": options.time_scale, "duration_scale": options.duration_scale,
-                    "quick": options.quick, "profile": options.profile, "seed": options.seed},
+        "options": {
+            "time_scale": options.time_scale,
+            "duration_scale": options.duration_scale,
+            "quick": options.quick,
+            "profile": options.profile,
+            "seed": options.seed,
+        },
         "workload": default_workload(options.seed).describe(),
         "gateway_env": env,
         "pids": pids,
         "controller_seen": controller_seen,
-        "sweep": {"sweet_spot": spot.concurrency if spot else None, "peak_tokens_per_s": result.peak_tokens_per_s,
-                  "peak_concurrency": result.peak_concurrency, "verdict": result.verdict,
-                  "levels": list(script.sweep_levels), "measure_s": script.sweep_measure_s,
-                  "file": str(outcome.files["sweep"])},
-        "script": [{"name": p.name, "clients": p.clients, "duration_s": p.duration_s,
-                    "speed_factor": p.speed_factor} for p in script.phases],
+        "sweep": {
+            "sweet_spot": spot.concurrency if spot else None,
+            "peak_tokens_per_s": result.peak_tokens_per_s,
+            "peak_concurrency": result.peak_concurrency,
+            "verdict": result.verdict,
+            "levels": list(script.sweep_levels),
+            "measure_s": script.sweep_measure_s,
+            "file": str(outcome.files["sweep"]),
+        },
+        "script": [
+            {"name": p.name, "clients": p.clients, "duration_s": p.duration_s, "speed_factor": p.speed_factor}
+            for p in script.phases
+        ],
     }
-    write_json(outcome.files["summary+timeline"], meta=meta, summaries=summaries, passed=passed, samples=samples,
-               decisions=decisions)
-    title = (f"sweetspot demo: {options.profile} at {options.time_scale:g}x, sweep sweet spot "
-             f"{spot.concurrency if spot else '-'}" + (" (interrupted)" if outcome.interrupted else ""))
+    write_json(
+        outcome.files["summary+timeline"],
+        meta=meta,
+        summaries=summaries,
+        passed=passed,
+        samples=samples,
+        decisions=decisions,
+    )
+    title = (
+        f"sweetspot demo: {options.profile} at {options.time_scale:g}x, sweep sweet spot "
+        f"{spot.concurrency if spot else '-'}" + (" (interrupted)" if outcome.interrupted else "")
+    )
     plot_timeline(samples, script.phases, summaries, outcome.files["plot"], title=title)
     if options.strict and passed is False and outcome.exit_code == 0:
         outcome.exit_code = 1

@@ -31,8 +31,17 @@ REAL_TIME_SLO = SLO(ttft_ms=2000.0, tpot_ms=100.0)  # `sweetspot sweep`'s and th
 # The gateway's time constants (seconds) that the demo scales with the simulator, when the settings
 # have them. Their defaults are read from gateway.settings, so the demo follows any change there.
 SCALED_SETTINGS = (
-    "control_interval_s", "window_s", "settle_s", "measure_s", "reprobe_s", "backend_queue_persist_s",
-    "metrics_interval_s", "metrics_stale_s", "health_interval_s", "ttft_p99_slo_s", "tpot_p99_slo_s",
+    "control_interval_s",
+    "window_s",
+    "settle_s",
+    "measure_s",
+    "reprobe_s",
+    "backend_queue_persist_s",
+    "metrics_interval_s",
+    "metrics_stale_s",
+    "health_interval_s",
+    "ttft_p99_slo_s",
+    "tpot_p99_slo_s",
 )
 
 
@@ -55,7 +64,7 @@ class Script:
     def load_s(self) -> float:
         return sum(p.duration_s for p in self.phases)
 
-    def scaled(self, duration_scale: float) -> "Script":
+    def scaled(self, duration_scale: float) -> Script:
         """The same script with every phase and sweep level lasting ``duration_scale`` times as long."""
         if duration_scale <= 0:
             raise ValueError("duration_scale must be > 0")
@@ -67,10 +76,19 @@ DEFAULT_PHASES = (
     Phase("light", 4, 8.0, story="4 clients: the limit is not the bottleneck, so the controller holds"),
     # Long enough for the controller to check the knee around its start (it steps down and back up
     # before it settles) and then hold: the steady part judged is the last 70% of the phase.
-    Phase("surge", 64, 40.0,
-          story="64 clients: the excess waits in the gateway's queue, the backend stays at its sweet spot"),
-    Phase("slow backend", 64, 20.0, speed_factor=2.0,
-          story="every engine step takes twice as long: half the tokens/s at the same concurrency"),
+    Phase(
+        "surge",
+        64,
+        40.0,
+        story="64 clients: the excess waits in the gateway's queue, the backend stays at its sweet spot",
+    ),
+    Phase(
+        "slow backend",
+        64,
+        20.0,
+        speed_factor=2.0,
+        story="every engine step takes twice as long: half the tokens/s at the same concurrency",
+    ),
     Phase("recovered", 64, 15.0, story="the backend is fast again"),
     Phase("calm", 16, 7.0, story="16 clients: below the sweet spot again, nothing queues"),
 )

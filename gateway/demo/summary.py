@@ -71,8 +71,9 @@ def phase_bounds(phases: Sequence[Phase]) -> list[tuple[float, float]]:
     return bounds
 
 
-def summarize_phase(index: int, phase: Phase, samples: Sequence[Sample], reference: Reference,
-                    previous: Sample | None = None) -> PhaseSummary:
+def summarize_phase(
+    index: int, phase: Phase, samples: Sequence[Sample], reference: Reference, previous: Sample | None = None
+) -> PhaseSummary:
     """One phase's summary from its samples (all of them, in time order)."""
     mine = [s for s in samples if s.phase == index]
     start = mine[0].t if mine else 0.0
@@ -89,8 +90,10 @@ def summarize_phase(index: int, phase: Phase, samples: Sequence[Sample], referen
         verdict, note = NO_DATA, "no limit was read during the phase's steady part"
     elif judged:
         verdict = PASS if ratio is not None and abs(ratio - 1) <= TOLERANCE else MISS
-        note = (f"{phase.clients} clients > {DEMAND_MARGIN:g} x {ref}: the limit is the bottleneck; "
-                f"median limit {median:g} is {ratio:.2f} x the reference")
+        note = (
+            f"{phase.clients} clients > {DEMAND_MARGIN:g} x {ref}: the limit is the bottleneck; "
+            f"median limit {median:g} is {ratio:.2f} x the reference"
+        )
     else:
         verdict = NOT_JUDGED
         queued = _median([s.queued for s in steady]) or 0
@@ -99,20 +102,34 @@ def summarize_phase(index: int, phase: Phase, samples: Sequence[Sample], referen
         elif median is not None and median < phase.clients and queued > 0:
             # Not the criterion (demand is under the sweet spot), but worth saying: the limit throttled
             # a demand the backend could have taken.
-            note = (f"{phase.clients} clients < {DEMAND_MARGIN:g} x {ref}, yet the limit (median {median:g}) "
-                    f"sat below the demand: a median of {queued:g} requests queued in the gateway")
+            note = (
+                f"{phase.clients} clients < {DEMAND_MARGIN:g} x {ref}, yet the limit (median {median:g}) "
+                f"sat below the demand: a median of {queued:g} requests queued in the gateway"
+            )
         else:
             inflight = _median([s.inflight for s in steady])
-            note = (f"{phase.clients} clients < {DEMAND_MARGIN:g} x {ref}: demand, not the limit, bounds "
-                    f"the backend (in-flight median {'-' if inflight is None else f'{inflight:g}'})")
+            note = (
+                f"{phase.clients} clients < {DEMAND_MARGIN:g} x {ref}: demand, not the limit, bounds "
+                f"the backend (in-flight median {'-' if inflight is None else f'{inflight:g}'})"
+            )
     before = previous if previous is not None else (mine[0] if mine else None)
     last = mine[-1] if mine else None
     return PhaseSummary(
-        name=phase.name, clients=phase.clients, speed_factor=phase.speed_factor,
-        start_s=round(start, 2), end_s=round(end, 2), steady_from_s=round(steady_from, 2), samples=len(steady),
-        reference=ref, reference_source=reference.source, judged=judged, verdict=verdict,
-        ratio=None if ratio is None else round(ratio, 3), limit_median=median,
-        limit_min=min(limits) if limits else None, limit_max=max(limits) if limits else None,
+        name=phase.name,
+        clients=phase.clients,
+        speed_factor=phase.speed_factor,
+        start_s=round(start, 2),
+        end_s=round(end, 2),
+        steady_from_s=round(steady_from, 2),
+        samples=len(steady),
+        reference=ref,
+        reference_source=reference.source,
+        judged=judged,
+        verdict=verdict,
+        ratio=None if ratio is None else round(ratio, 3),
+        limit_median=median,
+        limit_min=min(limits) if limits else None,
+        limit_max=max(limits) if limits else None,
         in_band=None if in_band is None else round(in_band, 3),
         inflight_median=_median([s.inflight for s in steady]),
         queued_median=_median([s.queued for s in steady]),
@@ -126,8 +143,9 @@ def summarize_phase(index: int, phase: Phase, samples: Sequence[Sample], referen
     )
 
 
-def summarize(phases: Sequence[Phase], samples: Sequence[Sample],
-              references: Sequence[Reference]) -> list[PhaseSummary]:
+def summarize(
+    phases: Sequence[Phase], samples: Sequence[Sample], references: Sequence[Reference]
+) -> list[PhaseSummary]:
     """Every phase that has samples (an interrupted demo summarises the phases it reached)."""
     out: list[PhaseSummary] = []
     previous: Sample | None = None

@@ -94,9 +94,7 @@ def last_move(state: Any) -> str | None:
     return None
 
 
-def build_sample(
-    t: float, phase: int, state: Any, backend: Any, live: LiveStats, pool: PoolStats
-) -> Sample:
+def build_sample(t: float, phase: int, state: Any, backend: Any, live: LiveStats, pool: PoolStats) -> Sample:
     """A timeline row from one ``/state`` document, one ``/admin/scenario`` view and the client stats."""
     upstream = upstream_state(state)
     window = _get(upstream, "window")

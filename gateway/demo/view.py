@@ -59,9 +59,11 @@ class PlainView:
 
     def phase_started(self, index: int, phase: Phase, reference: int | None, at_s: float) -> None:
         slow = f", backend {phase.speed_factor:g}x slower" if phase.speed_factor != 1.0 else ""
-        self.note(f"--- [{at_s:6.1f}s] phase {index + 1}/{len(self.phases)}: {phase.name} "
-                  f"({phase.clients} clients{slow}, {phase.duration_s:.0f} s; reference sweet spot "
-                  f"{reference if reference is not None else '-'}): {phase.story}")
+        self.note(
+            f"--- [{at_s:6.1f}s] phase {index + 1}/{len(self.phases)}: {phase.name} "
+            f"({phase.clients} clients{slow}, {phase.duration_s:.0f} s; reference sweet spot "
+            f"{reference if reference is not None else '-'}): {phase.story}"
+        )
         self._last_print = None
 
     def update(self, sample: Sample) -> None:
@@ -87,8 +89,9 @@ class LiveView:
         self._live.__enter__()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._live.__exit__(exc_type, exc, tb)
 
     def note(self, text: str) -> None:
@@ -108,26 +111,40 @@ class LiveView:
         phase = self.phases[self._phase_index]
         s = self._sample
         elapsed = (s.t - self._phase_start) if s is not None else 0.0
-        title = (f"phase {self._phase_index + 1}/{len(self.phases)}: {phase.name}  "
-                 f"({elapsed:.0f}/{phase.duration_s:.0f} s)")
+        title = (
+            f"phase {self._phase_index + 1}/{len(self.phases)}: {phase.name}  ({elapsed:.0f}/{phase.duration_s:.0f} s)"
+        )
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="bold")
         grid.add_column()
         ref = "-" if self._reference is None else str(self._reference)
         rows = [
-            ("clients", f"{phase.clients}" + (f"   backend {phase.speed_factor:g}x slower"
-                                              if phase.speed_factor != 1 else "")),
+            (
+                "clients",
+                f"{phase.clients}" + (f"   backend {phase.speed_factor:g}x slower" if phase.speed_factor != 1 else ""),
+            ),
             ("limit", f"{_n(s.limit if s else None)}   (reference sweet spot {ref})"),
             ("in-flight", _n(s.inflight if s else None)),
             ("queued", _n(s.queued if s else None)),
-            ("tokens/s", f"{_n(s.tokens_per_s if s else None)} (clients)   "
-                         f"{_n(s.gateway_tokens_per_s if s else None)} (gateway window)"),
-            ("p99 TTFT", f"{_n(s.ttft_p99_ms if s else None, unit=' ms')} backend   "
-                         f"{_n(s.client_ttft_p99_ms if s else None, unit=' ms')} clients (queue included)"),
+            (
+                "tokens/s",
+                f"{_n(s.tokens_per_s if s else None)} (clients)   "
+                f"{_n(s.gateway_tokens_per_s if s else None)} (gateway window)",
+            ),
+            (
+                "p99 TTFT",
+                f"{_n(s.ttft_p99_ms if s else None, unit=' ms')} backend   "
+                f"{_n(s.client_ttft_p99_ms if s else None, unit=' ms')} clients (queue included)",
+            ),
             ("p99 TPOT", _n(s.tpot_p99_ms if s else None, "{:.1f}", " ms")),
-            ("backend", "-" if s is None else f"running {_n(s.backend_running)}  waiting {_n(s.backend_waiting)}  "
-                        f"KV {_n(None if s.kv_usage is None else s.kv_usage * 100, unit='%')}  "
-                        f"preemptions {_n(s.preemptions)}"),
+            (
+                "backend",
+                "-"
+                if s is None
+                else f"running {_n(s.backend_running)}  waiting {_n(s.backend_waiting)}  "
+                f"KV {_n(None if s.kv_usage is None else s.kv_usage * 100, unit='%')}  "
+                f"preemptions {_n(s.preemptions)}",
+            ),
             ("decision", "-" if s is None else decision_text(s)),
         ]
         for label, value in rows:

@@ -25,6 +25,7 @@ __all__ = [
     "DecodeBound",
     "LayerSpec",
     "ModelShape",
+    "VllmKVView",
     "decode_bound",
     "estimate_params",
     "layer_specs",
@@ -32,6 +33,5 @@ __all__ = [
     "plan_fixed_kv",
     "shape_from_gguf",
     "shape_from_hf_config",
-    "VllmKVView",
     "vllm_kv_view",
 ]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -33,7 +34,7 @@ class ConfigReader:
         self.cfg: dict[str, Any] = merged
 
     @classmethod
-    def from_file(cls, path: Path) -> "ConfigReader":
+    def from_file(cls, path: Path) -> ConfigReader:
         try:
             raw = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
@@ -41,7 +42,9 @@ class ConfigReader:
         except UnicodeDecodeError:
             raise ConfigError(f"{path}: not a text file") from None
         if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a JSON object, got a {type(raw).__name__ if raw is not None else 'null'}")
+            raise ConfigError(
+                f"{path}: expected a JSON object, got a {type(raw).__name__ if raw is not None else 'null'}"
+            )
         return cls(raw, str(path))
 
     # -- naming --------------------------------------------------------------------------------------

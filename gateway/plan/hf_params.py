@@ -23,8 +23,22 @@ from gateway.plan.layout import Layout
 TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "gemma3_text")
 # Families whose config class defaults it to False (Transformers' own default is True).
 UNTIED_BY_DEFAULT = (
-    "llama", "llama4", "llama4_text", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-    "qwen3_next", "qwen3_5", "qwen3_5_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss",
+    "llama",
+    "llama4",
+    "llama4_text",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "kimi_k2",
+    "gpt_oss",
 )
 
 
@@ -44,8 +58,16 @@ class ParamCounts:
 
     @property
     def total(self) -> float:
-        return (self.embed + self.lm_head + self.attention + self.linear_attention + self.dense_mlp
-                + self.shared_experts + self.routed + self.router)
+        return (
+            self.embed
+            + self.lm_head
+            + self.attention
+            + self.linear_attention
+            + self.dense_mlp
+            + self.shared_experts
+            + self.routed
+            + self.router
+        )
 
     @property
     def active(self) -> float:
@@ -111,8 +133,9 @@ def _moe_layers(reader: ConfigReader, layers: int) -> list[int]:
 
 def experts_of(reader: ConfigReader) -> tuple[int, int]:
     """(routed experts per MoE layer, experts each token uses); (0, 0) for a dense model."""
-    experts = (reader.opt_int("num_experts") or reader.opt_int("num_local_experts")
-               or reader.opt_int("n_routed_experts") or 0)
+    experts = (
+        reader.opt_int("num_experts") or reader.opt_int("num_local_experts") or reader.opt_int("n_routed_experts") or 0
+    )
     used = reader.opt_int("num_experts_per_tok") or reader.opt_int("experts_per_token") or 0
     if experts and not used:
         raise reader.error("num_experts_per_tok", "is missing for a MoE config")

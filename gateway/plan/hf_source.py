@@ -24,8 +24,9 @@ in the model dtype.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from gateway.plan.config_reader import ConfigError, ConfigReader
 from gateway.plan.hf_params import ParamCounts, count_params, experts_of, tied_embeddings
@@ -75,7 +76,9 @@ def _attention_dims(reader: ConfigReader) -> tuple[int, int, int]:
     if head_dim is None:
         hidden = reader.require_int("hidden_size")
         if hidden % heads:
-            raise reader.error("hidden_size", f"({hidden}) is not a multiple of num_attention_heads ({heads}); give head_dim")
+            raise reader.error(
+                "hidden_size", f"({hidden}) is not a multiple of num_attention_heads ({heads}); give head_dim"
+            )
         head_dim = hidden // heads
     return heads, kv_heads, head_dim
 
@@ -149,7 +152,9 @@ def _shape(reader: ConfigReader, name: str) -> ModelShape:
     if state:
         sources["seq_state_bytes"] = f"config.linear_* x {state_layers} linear layers (vLLM layout)"
     if "text_config" in reader.raw:
-        assumptions.append("multimodal checkpoint: the language model (text_config) only; a vision tower is not counted")
+        assumptions.append(
+            "multimodal checkpoint: the language model (text_config) only; a vision tower is not counted"
+        )
 
     experts, used = experts_of(reader)
     tied, tie_note = tied_embeddings(reader)

@@ -68,7 +68,9 @@ def read_layout(reader: ConfigReader, layers: int) -> Layout:
             else:
                 raise reader.error("layer_types", f"has a layer kind the planner does not know: {t!r}")
         window = _window(reader, "sliding_window", "layer_types has sliding layers") if "sliding" in kinds else None
-        chunk = _window(reader, "attention_chunk_size", "layer_types has chunked layers") if "chunked" in kinds else None
+        chunk = (
+            _window(reader, "attention_chunk_size", "layer_types has chunked layers") if "chunked" in kinds else None
+        )
         return Layout(tuple(kinds), window, chunk, "config.layer_types")
 
     interval = reader.opt_int("full_attention_interval")
@@ -79,16 +81,24 @@ def read_layout(reader: ConfigReader, layers: int) -> Layout:
     if model_type == "gemma2" and reader.has("sliding_window"):
         window = reader.require_int("sliding_window")
         kinds = ["sliding" if i % 2 == 0 else "full" for i in range(layers)]
-        return Layout(tuple(kinds), window, source="Gemma-2 layout: even layers slide (config.sliding_window)",
-                      assumptions=("no layer_types: Gemma-2's layout, even layers sliding, odd layers global",))
+        return Layout(
+            tuple(kinds),
+            window,
+            source="Gemma-2 layout: even layers slide (config.sliding_window)",
+            assumptions=("no layer_types: Gemma-2's layout, even layers sliding, odd layers global",),
+        )
 
     if model_type in ("gemma3", "gemma3_text") and reader.has("sliding_window"):
         window = reader.require_int("sliding_window")
         pattern = reader.opt_int("sliding_window_pattern", 6)
         assert pattern is not None
         kinds = ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(layers)]
-        return Layout(tuple(kinds), window, source=f"Gemma-3 layout: 1 global in {pattern} (config.sliding_window)",
-                      assumptions=(f"no layer_types: Gemma-3's layout, every {pattern}th layer global, the rest sliding",))
+        return Layout(
+            tuple(kinds),
+            window,
+            source=f"Gemma-3 layout: 1 global in {pattern} (config.sliding_window)",
+            assumptions=(f"no layer_types: Gemma-3's layout, every {pattern}th layer global, the rest sliding",),
+        )
 
     if model_type.startswith("llama4") and reader.has("attention_chunk_size"):
         chunk = reader.require_int("attention_chunk_size")
@@ -98,12 +108,20 @@ def read_layout(reader: ConfigReader, layers: int) -> Layout:
             assert step is not None
             rope = [int((i + 1) % step != 0) for i in range(layers)]
         kinds = ["chunked" if r else "full" for r in rope]
-        return Layout(tuple(kinds), attention_chunk=chunk, source="Llama-4 layout: RoPE layers chunked, NoPE layers global",
-                      assumptions=("Llama-4: layers with RoPE use chunked local attention, NoPE layers global",))
+        return Layout(
+            tuple(kinds),
+            attention_chunk=chunk,
+            source="Llama-4 layout: RoPE layers chunked, NoPE layers global",
+            assumptions=("Llama-4: layers with RoPE use chunked local attention, NoPE layers global",),
+        )
 
     if reader.has("sliding_window") and reader.get("use_sliding_window", True) is not False:
         window = reader.require_int("sliding_window")
-        return Layout(("sliding",) * layers, window, source="config.sliding_window (every layer)",
-                      assumptions=("a model-wide sliding_window and no layer_types: every layer slides, as vLLM runs it",))
+        return Layout(
+            ("sliding",) * layers,
+            window,
+            source="config.sliding_window (every layer)",
+            assumptions=("a model-wide sliding_window and no layer_types: every layer slides, as vLLM runs it",),
+        )
 
     return Layout(("full",) * layers)

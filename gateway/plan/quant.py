@@ -18,8 +18,9 @@ Any other method is refused: its size cannot be derived from the config, so ``--
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from gateway.plan.config_reader import ConfigReader
 
@@ -58,7 +59,9 @@ def read_quant(reader: ConfigReader) -> WeightQuant | None:
         block = qc.get("weight_block_size")
         if block:
             if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
-                raise reader.error("quantization_config", f"has weight_block_size={block!r}: expected two positive integers")
+                raise reader.error(
+                    "quantization_config", f"has weight_block_size={block!r}: expected two positive integers"
+                )
             return WeightQuant(f"fp8 (block {block[0]}x{block[1]}, fp32 scales)", 1 + 4 / (block[0] * block[1]))
         return WeightQuant("fp8 (per-tensor scales)", 1.0)
     if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
@@ -86,15 +89,24 @@ def read_quant(reader: ConfigReader) -> WeightQuant | None:
         kind = str(weights.get("type", "int"))
         if strategy == "group":
             group = _positive(reader, weights, "group_size", None)
-            return WeightQuant(f"compressed-tensors {kind}{bits}, group {group}",
-                               _grouped(bits, group, 2.0, not symmetric), attention_quantised=attention)
+            return WeightQuant(
+                f"compressed-tensors {kind}{bits}, group {group}",
+                _grouped(bits, group, 2.0, not symmetric),
+                attention_quantised=attention,
+            )
         if strategy == "block":
             block = weights.get("block_structure") or [128, 128]
             size = int(block[0]) * int(block[1])
-            return WeightQuant(f"compressed-tensors {kind}{bits}, block {block[0]}x{block[1]}",
-                               bits / 8 + 2 / size, attention_quantised=attention)
-        return WeightQuant(f"compressed-tensors {kind}{bits}, per-{strategy} scales", bits / 8,
-                           attention_quantised=attention)
+            return WeightQuant(
+                f"compressed-tensors {kind}{bits}, block {block[0]}x{block[1]}",
+                bits / 8 + 2 / size,
+                attention_quantised=attention,
+            )
+        return WeightQuant(
+            f"compressed-tensors {kind}{bits}, per-{strategy} scales", bits / 8, attention_quantised=attention
+        )
     if method == "mxfp4":
         return WeightQuant("mxfp4 experts (4 bits + 8-bit scale per 32)", (4 + 8 / 32) / 8, experts_only=True)
-    raise reader.error("quantization_config", f"quant_method {method or '(none)'!r} is not sized by the planner: pass --weights-gb")
+    raise reader.error(
+        "quantization_config", f"quant_method {method or '(none)'!r} is not sized by the planner: pass --weights-gb"
+    )

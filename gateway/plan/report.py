@@ -10,7 +10,8 @@ context past the model's native length.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from gateway.plan.arith import CapacityPlan, plan_capacity, plan_fixed_kv
 from gateway.plan.decode import decode_bound
@@ -49,8 +50,9 @@ def _vllm_cells(
         return None
     cells: dict[str, Any] = {}
     for ctx in contexts:
-        view = vllm_kv_view(specs, plan.kv_memory_bytes, ctx, block, batched, concurrent_batches=batches,
-                            prefix_caching=prefix_caching)
+        view = vllm_kv_view(
+            specs, plan.kv_memory_bytes, ctx, block, batched, concurrent_batches=batches, prefix_caching=prefix_caching
+        )
         if view is None:
             return None
         cells[str(ctx)] = {
@@ -60,8 +62,15 @@ def _vllm_cells(
             "num_blocks": view.num_blocks,
             "blocks_per_request": view.blocks_per_request,
         }
-    first = vllm_kv_view(specs, plan.kv_memory_bytes, contexts[0], block, batched, concurrent_batches=batches,
-                         prefix_caching=prefix_caching)
+    first = vllm_kv_view(
+        specs,
+        plan.kv_memory_bytes,
+        contexts[0],
+        block,
+        batched,
+        concurrent_batches=batches,
+        prefix_caching=prefix_caching,
+    )
     assert first is not None
     return {
         "max_num_batched_tokens": batched,
@@ -78,20 +87,28 @@ def _vllm_cells(
 
 def _difference(shape: ModelShape, specs: list[LayerSpec]) -> list[str]:
     """How vLLM's logged figures differ from the planner's for this model, in words."""
-    notes = ["vLLM's maximum concurrency is whole blocks / the blocks one request of exactly max_model_len "
-             "tokens (each --context here) reserves, a float; its KV cache size is that concurrency x "
-             "max_model_len, so it depends on the context and counts reservations, not the pool"]
+    notes = [
+        "vLLM's maximum concurrency is whole blocks / the blocks one request of exactly max_model_len "
+        "tokens (each --context here) reserves, a float; its KV cache size is that concurrency x "
+        "max_model_len, so it depends on the context and counts reservations, not the pool"
+    ]
     if shape.sliding_layers or shape.chunked_layers:
-        notes.append("a sliding/chunked layer reserves window - 1 + max_num_batched_tokens x batches in flight "
-                     "tokens (+1 block) per request in vLLM, the planner only the window")
+        notes.append(
+            "a sliding/chunked layer reserves window - 1 + max_num_batched_tokens x batches in flight "
+            "tokens (+1 block) per request in vLLM, the planner only the window"
+        )
     if any(spec.kind == "state" for spec in specs):
-        notes.append("hybrid: vLLM raises the attention block size until a page holds one linear-attention "
-                     "state, pads the state to it, divides its blocks among the groups, and reserves two state "
-                     "pages per request with prefix caching (one without)")
+        notes.append(
+            "hybrid: vLLM raises the attention block size until a page holds one linear-attention "
+            "state, pads the state to it, divides its blocks among the groups, and reserves two state "
+            "pages per request with prefix caching (one without)"
+        )
     kinds = {spec.kind for spec in specs}
     if len(kinds) > 1:
-        notes.append("mixed layer kinds: vLLM splits layers into equal-size groups (padding the last of a "
-                     "kind); a request reserves blocks in every group")
+        notes.append(
+            "mixed layer kinds: vLLM splits layers into equal-size groups (padding the last of a "
+            "kind); a request reserves blocks in every group"
+        )
     return notes
 
 
@@ -140,8 +157,9 @@ def build_report(
                 "max_sequences": {
                     str(ctx): (plan.max_sequences(ctx, block_tokens) if plan.fits else None) for ctx in contexts
                 },
-                "vllm": _vllm_cells(plan, specs, contexts, vllm_block_size, batched, vllm_concurrent_batches,
-                                    vllm_prefix_caching),
+                "vllm": _vllm_cells(
+                    plan, specs, contexts, vllm_block_size, batched, vllm_concurrent_batches, vllm_prefix_caching
+                ),
             }
         )
     warnings = []
@@ -218,7 +236,11 @@ def _ctx(tokens: int) -> str:
 
 def _layers_cell(model: dict[str, Any]) -> str:
     kinds = []
-    full = model["kv_layers"] - model["sliding_layers"] - model["chunked_layers"] if model["kv_layers"] is not None else None
+    full = (
+        model["kv_layers"] - model["sliding_layers"] - model["chunked_layers"]
+        if model["kv_layers"] is not None
+        else None
+    )
     if full:
         kinds.append(f"{full} full")
     if model["sliding_layers"]:
@@ -257,17 +279,27 @@ def render(report: dict[str, Any], console: Any | None = None) -> None:
         kv_formula = "2 x KV layers x heads x dim x dtype"
     weights = _gib(report["weight_bytes"]) if report["weight_bytes"] else "not needed (fixed KV budget)"
     rows = [
-        ("parameters: total / active", f"{_params(model['total_params'])} / {_params(model['active_params'])}{moe}", sources.get("total_params", "")),
+        (
+            "parameters: total / active",
+            f"{_params(model['total_params'])} / {_params(model['active_params'])}{moe}",
+            sources.get("total_params", ""),
+        ),
         ("weights (resident, counted once)", weights, sources.get("weight_bytes", sources.get("weight_quant", ""))),
         ("weight format", str(model["weight_quant"]), sources.get("weight_quant", "")),
         ("weights read per token", _gib(report["active_weight_bytes"]), "weights x active/total"),
         ("layers", _layers_cell(model), sources.get("kv_layers", "")),
         heads,
         ("KV bytes per token (all KV layers)", f"{report['kv_bytes_per_token']:,} B ({model['kv_dtype']})", kv_formula),
-        ("state per sequence", f"{report['seq_state_bytes'] / MIB:.2f} MiB", sources.get("seq_state_bytes", "none (no linear attention)")),
+        (
+            "state per sequence",
+            f"{report['seq_state_bytes'] / MIB:.2f} MiB",
+            sources.get("seq_state_bytes", "none (no linear attention)"),
+        ),
     ]
     if report["kv_cache_gb"] is None:
-        rows.append(("utilisation / overhead", f"{report['utilization']:.2f} / {report['overhead_gb']:.2f} GiB", "flags"))
+        rows.append(
+            ("utilisation / overhead", f"{report['utilization']:.2f} / {report['overhead_gb']:.2f} GiB", "flags")
+        )
     if model["context_length"]:
         rows.append(("native context", f"{model['context_length']:,}", ""))
     for row in rows:
@@ -312,8 +344,10 @@ def render(report: dict[str, Any], console: Any | None = None) -> None:
     views = [gpu for gpu in report["gpus"] if gpu["vllm"]]
     if views:
         v0 = views[0]["vllm"]
-        title = (f"What vLLM will log, --max-model-len = context (block {v0['block_size']}, "
-                 f"{v0['groups']} KV group(s) of {v0['group_size']} layers)")
+        title = (
+            f"What vLLM will log, --max-model-len = context (block {v0['block_size']}, "
+            f"{v0['groups']} KV group(s) of {v0['group_size']} layers)"
+        )
         table = Table(title=title, box=box.SIMPLE_HEAD)
         table.add_column("GPU")
         table.add_column("batched tokens", justify="right")
@@ -333,7 +367,10 @@ def render(report: dict[str, Any], console: Any | None = None) -> None:
 
     decode = report["decode"]
     if decode:
-        dtable = Table(title=f"Decode ceiling from {decode['bandwidth_gbs']:g} GB/s memory bandwidth (tokens/s)", box=box.SIMPLE_HEAD)
+        dtable = Table(
+            title=f"Decode ceiling from {decode['bandwidth_gbs']:g} GB/s memory bandwidth (tokens/s)",
+            box=box.SIMPLE_HEAD,
+        )
         for col in ("context", "1 stream", "GPU", "batch", "batch ceiling", "uniform-routing est."):
             dtable.add_column(col, justify="right")
         by_ctx: dict[int, list[dict[str, Any]]] = {}
@@ -349,7 +386,10 @@ def render(report: dict[str, Any], console: Any | None = None) -> None:
                 est = entry["tokens_per_s_uniform_routing"]
                 gpu_label = f"{entry['gpu_gb']:g} GB" if entry["gpu_gb"] is not None else "KV budget"
                 dtable.add_row(
-                    *lead, gpu_label, str(entry["batch"]), f"{entry['tokens_per_s_bound']:,.0f}",
+                    *lead,
+                    gpu_label,
+                    str(entry["batch"]),
+                    f"{entry['tokens_per_s_bound']:,.0f}",
                     "" if est is None else f"{est:,.0f}",
                 )
         console.print(dtable)

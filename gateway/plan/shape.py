@@ -21,19 +21,28 @@ over ``state_layers`` layers).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Mapping
+from typing import Any
 
 from gateway.plan.units import kv_dtype, weight_bpw
-
 
 MAX_LAYERS = 10_000  # published decoders have at most a few hundred; more is a typo, not a model
 
 _FLAG_NAMES = {
-    "layers": "--layers", "kv_layers": "--kv-layers", "kv_heads": "--kv-heads", "head_dim": "--head-dim",
-    "head_dim_v": "--head-dim", "experts": "--experts", "experts_used": "--experts-used",
-    "total_params": "--params", "active_params": "--active-params", "weight_bytes": "--weights-gb",
-    "seq_state_bytes": "--seq-state", "sliding_window": "--sliding-window", "sliding_layers": "--sliding-layers",
+    "layers": "--layers",
+    "kv_layers": "--kv-layers",
+    "kv_heads": "--kv-heads",
+    "head_dim": "--head-dim",
+    "head_dim_v": "--head-dim",
+    "experts": "--experts",
+    "experts_used": "--experts-used",
+    "total_params": "--params",
+    "active_params": "--active-params",
+    "weight_bytes": "--weights-gb",
+    "seq_state_bytes": "--seq-state",
+    "sliding_window": "--sliding-window",
+    "sliding_layers": "--sliding-layers",
     "kv_latent_dim": "--kv-latent-dim",
 }
 
@@ -75,7 +84,7 @@ class ModelShape:
     assumptions: tuple[str, ...] = field(default=(), compare=False)
 
     # -- combining ---------------------------------------------------------------------------------
-    def override(self, source: str = "flag", **values: Any) -> "ModelShape":
+    def override(self, source: str = "flag", **values: Any) -> ModelShape:
         """Return a copy with every non-None value replaced, recording ``source`` for each.
 
         A weight quantisation given on its own asks for weights computed from the parameter count, so
@@ -95,7 +104,7 @@ class ModelShape:
         return replace(self, sources=sources, **given)
 
     # -- checking ----------------------------------------------------------------------------------
-    def validate(self) -> "ModelShape":
+    def validate(self) -> ModelShape:
         """Refuse sizes no model has, naming the field and where it came from (a file key or a flag),
         so a typo never turns into a negative capacity that reads as "fits"."""
 
@@ -105,8 +114,18 @@ class ModelShape:
                 return _FLAG_NAMES.get(name, name)
             return f"{name} (from {source})"
 
-        positive = ("layers", "kv_heads", "head_dim", "head_dim_v", "experts", "experts_used", "context_length",
-                    "sliding_window", "attention_chunk", "kv_latent_dim")
+        positive = (
+            "layers",
+            "kv_heads",
+            "head_dim",
+            "head_dim_v",
+            "experts",
+            "experts_used",
+            "context_length",
+            "sliding_window",
+            "attention_chunk",
+            "kv_latent_dim",
+        )
         for name in positive:
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -125,14 +144,18 @@ class ModelShape:
                 raise ValueError(f"{where(name)} must be at most {MAX_LAYERS:,}, got {value:,}")
         if self.layers is not None and self.kv_layers is not None and self.kv_layers > self.layers:
             raise ValueError(f"{where('kv_layers')} ({self.kv_layers}) exceeds {where('layers')} ({self.layers})")
-        if self.sliding_layers + self.chunked_layers > (self.kv_layers if self.kv_layers is not None else self.layers or 0):
+        if self.sliding_layers + self.chunked_layers > (
+            self.kv_layers if self.kv_layers is not None else self.layers or 0
+        ):
             raise ValueError(f"{where('sliding_layers')} ({self.sliding_layers}) exceeds the KV layers")
         if self.sliding_layers and self.sliding_window is None:
             raise ValueError(f"{where('sliding_layers')} given without a sliding window (--sliding-window)")
         if self.chunked_layers and self.attention_chunk is None:
             raise ValueError(f"{where('chunked_layers')} given without an attention chunk size")
         if self.experts and self.experts_used and self.experts_used > self.experts:
-            raise ValueError(f"{where('experts_used')} ({self.experts_used}) exceeds {where('experts')} ({self.experts})")
+            raise ValueError(
+                f"{where('experts_used')} ({self.experts_used}) exceeds {where('experts')} ({self.experts})"
+            )
         if self.total_params and self.active_params and self.active_params > self.total_params * 1.0001:
             raise ValueError(f"{where('active_params')} exceeds {where('total_params')}")
         return self
@@ -211,9 +234,7 @@ class ModelShape:
             return int(self.weight_bytes)
         if self.total_params is not None and self.weight_quant is not None:
             return int(self.total_params * weight_bpw(self.weight_quant) / 8)
-        raise ValueError(
-            "cannot size the weights: give --weights-gb, a --gguf file, or --params with --weight-quant"
-        )
+        raise ValueError("cannot size the weights: give --weights-gb, a --gguf file, or --params with --weight-quant")
 
     @property
     def active_fraction(self) -> float:
@@ -233,7 +254,10 @@ class ModelShape:
         if self.expert_params is not None and self.total_params:
             return min(1.0, self.expert_params / self.total_params)
         if (
-            self.experts and self.experts_used and self.total_params and self.active_params
+            self.experts
+            and self.experts_used
+            and self.total_params
+            and self.active_params
             and self.experts > self.experts_used
         ):
             # total = shared + E*e, active = shared + k*e  =>  E*e = (total - active) * E / (E - k)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 GIB = 2**30
 MIB = 2**20
@@ -103,9 +103,18 @@ _SUFFIX = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", r
 _COUNT_SCALE = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 _TOKEN_SCALE = {"": 1, "k": 1024}
 _BYTE_SCALE = {
-    "": 1, "b": 1, "kib": KIB, "mib": MIB, "gib": GIB,
+    "": 1,
+    "b": 1,
+    "kib": KIB,
+    "mib": MIB,
+    "gib": GIB,
     # Memory sizes are binary throughout the planner: "22GB" means 22 GiB (see the module docstring).
-    "k": KIB, "kb": KIB, "m": MIB, "mb": MIB, "g": GIB, "gb": GIB,
+    "k": KIB,
+    "kb": KIB,
+    "m": MIB,
+    "mb": MIB,
+    "g": GIB,
+    "gb": GIB,
 }
 
 

@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from gateway.plan.shape import ModelShape
 
@@ -98,8 +99,9 @@ def _page_bytes(layer: LayerSpec, block_size: int) -> int:
     return block_size * layer.bytes_per_token
 
 
-def _request_blocks(layer: LayerSpec, block_size: int, max_model_len: int, in_flight_tokens: int,
-                    prefix_caching: bool) -> int:
+def _request_blocks(
+    layer: LayerSpec, block_size: int, max_model_len: int, in_flight_tokens: int, prefix_caching: bool
+) -> int:
     """Blocks one request of ``max_model_len`` tokens reserves in a layer of this kind."""
     if layer.kind == "state":
         return 2 if prefix_caching else 1  # MambaSpec.max_memory_usage_bytes: "align" keeps two states
@@ -132,8 +134,13 @@ def vllm_kv_view(
     """
     if not layers:
         return None
-    if (available_bytes < 0 or max_model_len <= 0 or block_size <= 0 or max_num_batched_tokens <= 0
-            or concurrent_batches <= 0):
+    if (
+        available_bytes < 0
+        or max_model_len <= 0
+        or block_size <= 0
+        or max_num_batched_tokens <= 0
+        or concurrent_batches <= 0
+    ):
         raise ValueError("KV memory must be >= 0; max_model_len, block size, batched tokens and batches positive")
     block = _aligned_block_size(layers, block_size, kernel_block_alignment)
     pages = {_page_bytes(layer, block) for layer in layers if layer.kind != "state"}

@@ -18,13 +18,13 @@ from starlette.responses import Response
 
 from gateway import __version__
 from gateway.server.feedback.control_loop import ControlLoop
-from gateway.server.routes.errors import error_response
-from gateway.server.upstream.health import health_tick
-from gateway.server.process.loops import every
 from gateway.server.parts import Gateway
+from gateway.server.process.loops import every
 from gateway.server.routes import light as light_routes
 from gateway.server.routes import ops as ops_routes
 from gateway.server.routes import proxied as proxied_routes
+from gateway.server.routes.errors import error_response
+from gateway.server.upstream.health import health_tick
 from gateway.server.upstream.pool import Upstream
 from gateway.settings import Settings
 from gateway.telemetry.loop_lag import LoopLagProbe
@@ -60,8 +60,9 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source
     gateway = gateway or Gateway.build(settings)
     _bind_gauges(gateway)
     control_loop = ControlLoop.build(gateway, gpu_source)
-    loop_lag = LoopLagProbe(settings.event_loop_lag_interval_s, gateway.metrics.event_loop_lag,
-                            gateway.metrics.event_loop_lag_hist)
+    loop_lag = LoopLagProbe(
+        settings.event_loop_lag_interval_s, gateway.metrics.event_loop_lag, gateway.metrics.event_loop_lag_hist
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from gateway import __version__
 from gateway.control.window import SlidingWindow
 from gateway.server.admission.admission_queue import AdmissionQueue, Limiter
-from gateway.server.process.drain import DrainState
-from gateway.server.upstream.response_affinity import ResponseAffinity
 from gateway.server.admission.routing import MetricsObserver, PrefixMap, PrefixRouter, RandomRouter
 from gateway.server.admission.tenants import TenantDirectory
-from gateway.server.upstream.upstream_client import UpstreamClient
+from gateway.server.process.drain import DrainState
 from gateway.server.upstream.pool import Upstream, UpstreamPool
+from gateway.server.upstream.response_affinity import ResponseAffinity
+from gateway.server.upstream.upstream_client import UpstreamClient
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
 
@@ -36,10 +36,12 @@ class Gateway:
 
     def __post_init__(self) -> None:
         settings = self.settings
-        self.responses = ResponseAffinity(max_entries=settings.response_affinity_max,
-                                          ttl_s=settings.response_affinity_ttl_s, clock=self.clock)
+        self.responses = ResponseAffinity(
+            max_entries=settings.response_affinity_max, ttl_s=settings.response_affinity_ttl_s, clock=self.clock
+        )
         self.client_keys = tuple(key.encode() for key in settings.api_keys) + tuple(
-            key.encode() for tenant in settings.tenants for key in tenant.api_keys)
+            key.encode() for tenant in settings.tenants for key in tenant.api_keys
+        )
         self.admin_key = settings.admin_api_key.encode() if settings.admin_api_key else None
 
     @classmethod
@@ -48,24 +50,38 @@ class Gateway:
             raise ValueError("no upstream configured: pass --upstream URL or set SWEETSPOT_UPSTREAMS")
         metrics = GatewayMetrics()
         upstreams = [
-            Upstream(url, Limiter(url, settings.initial_limit), SlidingWindow(settings.window_s),
-                     public_name=f"upstream-{index}")
+            Upstream(
+                url,
+                Limiter(url, settings.initial_limit),
+                SlidingWindow(settings.window_s),
+                public_name=f"upstream-{index}",
+            )
             for index, url in enumerate(settings.upstreams, start=1)
         ]
         router: PrefixRouter | None = None
         if settings.routing != "least_loaded" and len(upstreams) > 1:
-            prefixes = PrefixMap(max_entries=settings.routing_prefix_map_max, ttl_s=settings.routing_prefix_ttl_s,
-                                 clock=clock)
+            prefixes = PrefixMap(
+                max_entries=settings.routing_prefix_map_max, ttl_s=settings.routing_prefix_ttl_s, clock=clock
+            )
             observer = MetricsObserver(metrics)
-            router = (RandomRouter(prefixes, observer=observer) if settings.routing == "random" else
-                      PrefixRouter(prefixes, load_weight=settings.routing_load_weight, observer=observer))
+            router = (
+                RandomRouter(prefixes, observer=observer)
+                if settings.routing == "random"
+                else PrefixRouter(prefixes, load_weight=settings.routing_load_weight, observer=observer)
+            )
             metrics.routing_prefix_map_entries.set_function(lambda: len(prefixes))
         tenants = TenantDirectory(settings, clock=clock, meters=metrics.tenants.meters)
-        queue = AdmissionQueue(upstreams, max_queue=settings.max_queue, clock=clock,
-                               choose=None if router is None else router.choose,
-                               classes=len(settings.priority_classes), discipline=settings.queue_discipline,
-                               starvation_after=settings.starvation_after, default_tenant=tenants.default,
-                               reserve=settings.tenant_reserve)
+        queue = AdmissionQueue(
+            upstreams,
+            max_queue=settings.max_queue,
+            clock=clock,
+            choose=None if router is None else router.choose,
+            classes=len(settings.priority_classes),
+            discipline=settings.queue_discipline,
+            starvation_after=settings.starvation_after,
+            default_tenant=tenants.default,
+            reserve=settings.tenant_reserve,
+        )
         client = UpstreamClient(
             connect_timeout_s=settings.connect_timeout_s,
             total_timeout_s=settings.upstream_timeout_s,

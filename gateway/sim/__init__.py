@@ -11,6 +11,16 @@ from gateway.sim.oracle import ClosedLoopPrediction, predict_closed_loop, sweep_
 from gateway.sim.profiles import DEFAULT_PROFILE, PROFILES, Profile, get_profile
 
 __all__ = [
-    "DEFAULT_PROFILE", "PROFILES", "ClosedLoopPrediction", "Engine", "InjectedError", "Profile", "Scenario",
-    "Sequence", "StepResult", "get_profile", "predict_closed_loop", "sweep_closed_loop",
+    "DEFAULT_PROFILE",
+    "PROFILES",
+    "ClosedLoopPrediction",
+    "Engine",
+    "InjectedError",
+    "Profile",
+    "Scenario",
+    "Sequence",
+    "StepResult",
+    "get_profile",
+    "predict_closed_loop",
+    "sweep_closed_loop",
 ]

@@ -37,13 +37,31 @@ from collections import deque
 from gateway.sim.prefix_cache import PrefixCache
 from gateway.sim.profiles import Profile
 from gateway.sim.records import (
-    FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, FINISHED, RUNNING, WAITING, Sequence, StepResult,
+    FINISH_ABORT,
+    FINISH_ERROR,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    FINISHED,
+    RUNNING,
+    WAITING,
+    Sequence,
+    StepResult,
 )
 from gateway.sim.scenario import InjectedError, Scenario
 
 __all__ = [  # the records and knobs moved to their own modules; importers of this one keep working
-    "FINISHED", "FINISH_ABORT", "FINISH_ERROR", "FINISH_LENGTH", "FINISH_STOP", "RUNNING", "WAITING",
-    "Engine", "InjectedError", "Scenario", "Sequence", "StepResult",
+    "FINISHED",
+    "FINISH_ABORT",
+    "FINISH_ERROR",
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "RUNNING",
+    "WAITING",
+    "Engine",
+    "InjectedError",
+    "Scenario",
+    "Sequence",
+    "StepResult",
 ]
 
 
@@ -55,8 +73,9 @@ class Engine:
     All randomness comes from ``seed``, so a run is reproducible from its inputs.
     """
 
-    def __init__(self, profile: Profile, *, seed: int = 0, eos_mean_tokens: float | None = None,
-                 prefix_caching: bool = True) -> None:
+    def __init__(
+        self, profile: Profile, *, seed: int = 0, eos_mean_tokens: float | None = None, prefix_caching: bool = True
+    ) -> None:
         profile.validate()
         self.profile = profile
         self.eos_mean_tokens = eos_mean_tokens
@@ -82,8 +101,15 @@ class Engine:
         self.prefix_hits_total = 0  # of those, tokens found cached
 
     # ------------------------------------------------------------------ requests
-    def submit(self, prompt_tokens: int, max_tokens: int, now: float, *, ignore_eos: bool = False,
-               block_hashes: tuple[int, ...] = ()) -> int:
+    def submit(
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        now: float,
+        *,
+        ignore_eos: bool = False,
+        block_hashes: tuple[int, ...] = (),
+    ) -> int:
         """Queue a request; returns its sequence id. Raises :class:`InjectedError` per the error rate.
 
         ``block_hashes`` are the chained hashes of the prompt's full blocks
@@ -93,7 +119,8 @@ class Engine:
         if prompt_tokens + max_tokens > self.profile.max_model_len:
             raise ValueError(
                 f"prompt ({prompt_tokens}) + max_tokens ({max_tokens}) exceeds max_model_len "
-                f"{self.profile.max_model_len}")
+                f"{self.profile.max_model_len}"
+            )
         if self.scenario.error_rate > 0.0 and self._rng.random() < self.scenario.error_rate:
             raise InjectedError("injected failure (scenario error_rate)")
         target = max_tokens
@@ -167,9 +194,16 @@ class Engine:
         return max(now, self.busy_until, self.scenario.stalled_until)
 
     # ------------------------------------------------------------------ scenario knobs
-    def set_scenario(self, *, speed_factor: float | None = None, kv_fraction: float | None = None,
-                     max_num_seqs: int | None = None, error_rate: float | None = None,
-                     error_status: int | None = None, stalled_until: float | None = None) -> Scenario:
+    def set_scenario(
+        self,
+        *,
+        speed_factor: float | None = None,
+        kv_fraction: float | None = None,
+        max_num_seqs: int | None = None,
+        error_rate: float | None = None,
+        error_status: int | None = None,
+        stalled_until: float | None = None,
+    ) -> Scenario:
         """Change the backend at run time; any knob left None keeps its value."""
         sc = self.scenario
         if speed_factor is not None:

@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.common.asgi_server import serve_app
 from gateway.sim import shapes, text
 from gateway.sim.engine import Engine, InjectedError
 from gateway.sim.exposition import CONTENT_TYPE, VllmMetrics
@@ -38,7 +39,6 @@ from gateway.sim.protocol import (
     parse_generation,
 )
 from gateway.sim.runner import EngineRunner, Handle
-from gateway.common.asgi_server import serve_app
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +61,9 @@ def create_sim_app(config: SimConfig) -> FastAPI:
     """Build the app; the engine runner starts and stops with the app's lifespan."""
     profile = config.profile
     served = config.served_model
-    engine = Engine(profile, seed=config.seed, eos_mean_tokens=config.eos_mean_tokens,
-                    prefix_caching=config.prefix_caching)
+    engine = Engine(
+        profile, seed=config.seed, eos_mean_tokens=config.eos_mean_tokens, prefix_caching=config.prefix_caching
+    )
     metrics = VllmMetrics(profile, served, prefix_caching=config.prefix_caching)
     state: dict[str, EngineRunner] = {}
     created = int(time.time())
@@ -77,8 +78,7 @@ def create_sim_app(config: SimConfig) -> FastAPI:
         finally:
             await runner.stop()
 
-    app = FastAPI(title="sweetspot simulator", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(title="sweetspot simulator", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
     if config.api_key:
         app.add_middleware(_RequireApiKey, key=config.api_key)
@@ -97,12 +97,12 @@ def create_sim_app(config: SimConfig) -> FastAPI:
             raise BadRequest("request body is not valid JSON") from None
 
     async def _generate(request: Request, chat: bool) -> Response:
-        req = parse_generation(await _json(request), chat=chat, served_model=served,
-                               max_model_len=profile.max_model_len)
+        req = parse_generation(
+            await _json(request), chat=chat, served_model=served, max_model_len=profile.max_model_len
+        )
         try:
             hashes = text.block_hashes(req.prompt_ids, profile.block_size) if config.prefix_caching else ()
-            handle = runner().submit(req.prompt_tokens, req.max_tokens, ignore_eos=req.ignore_eos,
-                                     block_hashes=hashes)
+            handle = runner().submit(req.prompt_tokens, req.max_tokens, ignore_eos=req.ignore_eos, block_hashes=hashes)
         except InjectedError as exc:
             status = engine.scenario.error_status
             kind = "ServiceUnavailableError" if status == 503 else "InternalServerError"
@@ -124,10 +124,14 @@ def create_sim_app(config: SimConfig) -> FastAPI:
                     parts = []
                     while sent < ready:
                         final = done and sent == ready - 1 and handle.finish_reason in ("length", "stop")
-                        usage = (shapes.usage(req.prompt_tokens, sent + 1) if req.continuous_usage else None)
-                        parts.append(fmt.token(text.word(req.seed, sent),
-                                               handle.finish_reason if final else None,
-                                               None if usage is None else _dumps(usage)))
+                        usage = shapes.usage(req.prompt_tokens, sent + 1) if req.continuous_usage else None
+                        parts.append(
+                            fmt.token(
+                                text.word(req.seed, sent),
+                                handle.finish_reason if final else None,
+                                None if usage is None else _dumps(usage),
+                            )
+                        )
                         sent += 1
                     yield "".join(parts)
                 if done:
@@ -135,8 +139,9 @@ def create_sim_app(config: SimConfig) -> FastAPI:
                 handle.event.clear()
                 await handle.event.wait()
             if handle.finish_reason not in ("length", "stop"):
-                err = shapes.error_body("the request could not be scheduled (KV cache too small)",
-                                        "InternalServerError", 500)
+                err = shapes.error_body(
+                    "the request could not be scheduled (KV cache too small)", "InternalServerError", 500
+                )
                 yield "data: " + _dumps(err) + "\n\n"
             if req.include_usage:
                 yield fmt.usage_chunk(req.prompt_tokens, sent)
@@ -158,8 +163,12 @@ def create_sim_app(config: SimConfig) -> FastAPI:
         if not handle.done or handle.finish_reason not in ("length", "stop"):
             if not handle.done:
                 return Response(status_code=499)  # nobody is listening any more
-            return JSONResponse(shapes.error_body("the request could not be scheduled (KV cache too small)",
-                                                  "InternalServerError", 500), 500)
+            return JSONResponse(
+                shapes.error_body(
+                    "the request could not be scheduled (KV cache too small)", "InternalServerError", 500
+                ),
+                500,
+            )
         body_text = text.generated_text(req.seed, handle.ready)
         build = shapes.chat_response if req.chat else shapes.completion_response
         return JSONResponse(build(served, body_text, handle.finish_reason, req.prompt_tokens, handle.ready, base_id))
@@ -179,12 +188,19 @@ def create_sim_app(config: SimConfig) -> FastAPI:
         for i, item in enumerate(inputs):
             vec = text.embedding(item, profile.embedding_dim)
             prompt_tokens += text.text_tokens(item)
-            data.append({"index": i, "object": "embedding",
-                         "embedding": text.embedding_base64(vec) if fmt == "base64" else vec})
-        return JSONResponse({
-            "id": shapes.request_id("embd"), "object": "list", "created": int(time.time()), "model": served,
-            "data": data, "usage": shapes.usage(prompt_tokens, 0) | {"prompt_tokens_details": None},
-        })
+            data.append(
+                {"index": i, "object": "embedding", "embedding": text.embedding_base64(vec) if fmt == "base64" else vec}
+            )
+        return JSONResponse(
+            {
+                "id": shapes.request_id("embd"),
+                "object": "list",
+                "created": int(time.time()),
+                "model": served,
+                "data": data,
+                "usage": shapes.usage(prompt_tokens, 0) | {"prompt_tokens_details": None},
+            }
+        )
 
     def relevance(query: str, document: str) -> float:
         """A cross-encoder's score, faked deterministically: the cosine of the two texts' embeddings."""
@@ -201,9 +217,16 @@ def create_sim_app(config: SimConfig) -> FastAPI:
         query, documents = body["query"], [str(d) for d in body["documents"]]
         scored = sorted(((relevance(query, doc), i, doc) for i, doc in enumerate(documents)), reverse=True)
         tokens = sum(text.text_tokens(query) + text.text_tokens(doc) for doc in documents)
-        return JSONResponse({"id": shapes.request_id("rerank"), "model": served, "usage": {"total_tokens": tokens},
-                             "results": [{"index": i, "document": {"text": doc}, "relevance_score": score}
-                                         for score, i, doc in scored]})
+        return JSONResponse(
+            {
+                "id": shapes.request_id("rerank"),
+                "model": served,
+                "usage": {"total_tokens": tokens},
+                "results": [
+                    {"index": i, "document": {"text": doc}, "relevance_score": score} for score, i, doc in scored
+                ],
+            }
+        )
 
     @app.post("/v1/score")
     async def score(request: Request) -> Response:
@@ -214,10 +237,18 @@ def create_sim_app(config: SimConfig) -> FastAPI:
         check_model(body, served)
         second = body["text_2"] if isinstance(body["text_2"], list) else [body["text_2"]]
         tokens = sum(text.text_tokens(body["text_1"]) + text.text_tokens(str(t)) for t in second)
-        return JSONResponse({"id": shapes.request_id("score"), "object": "list", "model": served,
-                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-                             "data": [{"index": i, "object": "score", "score": relevance(body["text_1"], str(t))}
-                                      for i, t in enumerate(second)]})
+        return JSONResponse(
+            {
+                "id": shapes.request_id("score"),
+                "object": "list",
+                "model": served,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                "data": [
+                    {"index": i, "object": "score", "score": relevance(body["text_1"], str(t))}
+                    for i, t in enumerate(second)
+                ],
+            }
+        )
 
     stored: OrderedDict[str, dict[str, Any]] = OrderedDict()  # responses kept for previous_response_id / GET
 
@@ -235,22 +266,33 @@ def create_sim_app(config: SimConfig) -> FastAPI:
         if previous is not None:
             prior = stored.get(str(previous))
             if prior is None:
-                raise BadRequest(f"Response with id '{previous}' not found.", param="previous_response_id",
-                                 status=404)
+                raise BadRequest(f"Response with id '{previous}' not found.", param="previous_response_id", status=404)
             history = prior["usage"]["total_tokens"]
         given = body.get("input")
         messages = [{"role": "user", "content": given}] if isinstance(given, str) else given
-        req = parse_generation({"model": body.get("model"), "messages": messages,
-                                "max_tokens": body.get("max_output_tokens")},
-                               chat=True, served_model=served, max_model_len=profile.max_model_len)
+        req = parse_generation(
+            {"model": body.get("model"), "messages": messages, "max_tokens": body.get("max_output_tokens")},
+            chat=True,
+            served_model=served,
+            max_model_len=profile.max_model_len,
+        )
         handle = runner().submit(req.prompt_tokens + history, req.max_tokens, ignore_eos=req.ignore_eos)
         await handle.wait_done()
         if handle.finish_reason not in ("length", "stop"):
-            return JSONResponse(shapes.error_body("the request could not be scheduled (KV cache too small)",
-                                                  "InternalServerError", 500), 500)
-        reply = shapes.responses_response(served, text.generated_text(req.seed, handle.ready),
-                                          handle.finish_reason or "length", req.prompt_tokens + history,
-                                          handle.ready, previous)
+            return JSONResponse(
+                shapes.error_body(
+                    "the request could not be scheduled (KV cache too small)", "InternalServerError", 500
+                ),
+                500,
+            )
+        reply = shapes.responses_response(
+            served,
+            text.generated_text(req.seed, handle.ready),
+            handle.finish_reason or "length",
+            req.prompt_tokens + history,
+            handle.ready,
+            previous,
+        )
         if body.get("store", True):
             stored[reply["id"]] = reply
             while len(stored) > 10_000:
@@ -333,8 +375,7 @@ def _add_admin_routes(app: FastAPI, engine: Engine, runner: Callable[[], EngineR
             raise BadRequest("request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
-        known = {"reset", "speed_factor", "kv_fraction", "max_num_seqs", "error_rate", "error_status",
-                 "stall_s"}
+        known = {"reset", "speed_factor", "kv_fraction", "max_num_seqs", "error_rate", "error_status", "stall_s"}
         unknown = sorted(set(body) - known)
         if unknown:
             raise BadRequest(f"unknown scenario knobs: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -375,8 +416,9 @@ def serve(config: SimConfig, *, host: str = "127.0.0.1", port: int = 8000, log_l
     p = config.profile
 
     def banner() -> str:
-        return (f"profile {p.name}: {p.model} on {p.gpu_name}, {p.num_gpu_blocks} KV blocks of "
-                f"{p.block_size} tokens, max_num_seqs {p.max_num_seqs}, time scale {config.time_scale}")
+        return (
+            f"profile {p.name}: {p.model} on {p.gpu_name}, {p.num_gpu_blocks} KV blocks of "
+            f"{p.block_size} tokens, max_num_seqs {p.max_num_seqs}, time scale {config.time_scale}"
+        )
 
-    serve_app(create_sim_app(config), name="sweetspot sim", host=host, port=port, log_level=log_level,
-              banner=banner)
+    serve_app(create_sim_app(config), name="sweetspot sim", host=host, port=port, log_level=log_level, banner=banner)

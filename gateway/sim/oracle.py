@@ -134,11 +134,14 @@ def predict_closed_loop(
     )
 
 
-def sweep_closed_loop(profile: Profile, levels: list[int], prompt_tokens: int, output_tokens: int,
-                      **kwargs: float) -> list[ClosedLoopPrediction]:
+def sweep_closed_loop(
+    profile: Profile, levels: list[int], prompt_tokens: int, output_tokens: int, **kwargs: float
+) -> list[ClosedLoopPrediction]:
     """``predict_closed_loop`` at each concurrency level, in order."""
-    return [predict_closed_loop(profile, n, prompt_tokens, output_tokens, **kwargs)  # type: ignore[arg-type]
-            for n in levels]
+    return [
+        predict_closed_loop(profile, n, prompt_tokens, output_tokens, **kwargs)  # type: ignore[arg-type]
+        for n in levels
+    ]
 
 
 def _mean(xs: list[float]) -> float:

@@ -23,7 +23,7 @@ class PrefixCache:
     the engine needs their room.
     """
 
-    __slots__ = ("_refs", "_free", "evictions")
+    __slots__ = ("_free", "_refs", "evictions")
 
     def __init__(self) -> None:
         self._refs: dict[int, int] = {}

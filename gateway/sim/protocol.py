@@ -63,13 +63,15 @@ def parse_generation(body: Any, *, chat: bool, served_model: str, max_model_len:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a batch of one
-        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt
-                                       and all(isinstance(t, int) for t in prompt)):
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
             prompt_tokens, seed = text.completion_prompt_tokens(prompt)
             prompt_ids = text.text_token_ids(prompt) if isinstance(prompt, str) else list(prompt)
         else:
-            raise BadRequest("'prompt' must be a string or a non-empty list of token ids "
-                             "(batches of several prompts are not supported)", param="prompt")
+            raise BadRequest(
+                "'prompt' must be a string or a non-empty list of token ids "
+                "(batches of several prompts are not supported)",
+                param="prompt",
+            )
     n = body.get("n", 1)
     if n not in (None, 1):
         raise BadRequest("the simulator supports only n=1", param="n")
@@ -84,7 +86,9 @@ def parse_generation(body: Any, *, chat: bool, served_model: str, max_model_len:
         raise BadRequest(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
-            f"completion). Please reduce the length of the messages or completion.", param="max_tokens")
+            f"completion). Please reduce the length of the messages or completion.",
+            param="max_tokens",
+        )
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise BadRequest("'stream' must be a boolean", param="stream")

@@ -24,13 +24,29 @@ class Sequence:
     """One request inside the engine. Times are on the engine's clock; ``None`` until they happen."""
 
     __slots__ = (
-        "id", "prompt_len", "max_tokens", "target_len", "generated", "computed", "blocks", "state",
-        "arrival", "scheduled_at", "first_token_at", "last_token_at", "finished_at", "finish_reason",
-        "preemptions", "hashes", "cached", "cached_tokens",
+        "arrival",
+        "blocks",
+        "cached",
+        "cached_tokens",
+        "computed",
+        "finish_reason",
+        "finished_at",
+        "first_token_at",
+        "generated",
+        "hashes",
+        "id",
+        "last_token_at",
+        "max_tokens",
+        "preemptions",
+        "prompt_len",
+        "scheduled_at",
+        "state",
+        "target_len",
     )
 
-    def __init__(self, sid: int, prompt_len: int, max_tokens: int, target_len: int, arrival: float,
-                 hashes: tuple[int, ...] = ()):
+    def __init__(
+        self, sid: int, prompt_len: int, max_tokens: int, target_len: int, arrival: float, hashes: tuple[int, ...] = ()
+    ):
         self.id = sid
         self.prompt_len = prompt_len
         self.max_tokens = max_tokens
@@ -55,8 +71,10 @@ class Sequence:
         return self.state == FINISHED
 
     def __repr__(self) -> str:
-        return (f"Sequence(id={self.id}, state={self.state}, prompt={self.prompt_len}, "
-                f"generated={self.generated}/{self.target_len}, computed={self.computed})")
+        return (
+            f"Sequence(id={self.id}, state={self.state}, prompt={self.prompt_len}, "
+            f"generated={self.generated}/{self.target_len}, computed={self.computed})"
+        )
 
 
 @dataclass(slots=True)

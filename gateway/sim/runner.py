@@ -25,8 +25,7 @@ log = logging.getLogger("gateway.sim")
 class Handle:
     """A request's view of its sequence: how many tokens are ready, and whether it has finished."""
 
-    __slots__ = ("sid", "prompt_tokens", "max_tokens", "ready", "done", "finish_reason", "event",
-                 "last_token_v")
+    __slots__ = ("done", "event", "finish_reason", "last_token_v", "max_tokens", "prompt_tokens", "ready", "sid")
 
     def __init__(self, sid: int, prompt_tokens: int, max_tokens: int) -> None:
         self.sid = sid
@@ -47,8 +46,15 @@ class Handle:
 class EngineRunner:
     """Owns the engine inside the server; the only code that calls ``engine.step``."""
 
-    def __init__(self, engine: Engine, metrics: VllmMetrics, *, time_scale: float = 1.0,
-                 max_lag_s: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        metrics: VllmMetrics,
+        *,
+        time_scale: float = 1.0,
+        max_lag_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
         self.engine = engine
@@ -87,8 +93,9 @@ class EngineRunner:
                 pass
 
     # ------------------------------------------------------------- requests
-    def submit(self, prompt_tokens: int, max_tokens: int, *, ignore_eos: bool,
-               block_hashes: tuple[int, ...] = ()) -> Handle:
+    def submit(
+        self, prompt_tokens: int, max_tokens: int, *, ignore_eos: bool, block_hashes: tuple[int, ...] = ()
+    ) -> Handle:
         """Queue a request (may raise ``InjectedError`` or ``ValueError`` from the engine)."""
         now = self.vnow()
         if self._stepping and self.engine.busy_until < now:

@@ -27,37 +27,40 @@ def error_body(message: str, err_type: str, code: int, param: str | None = None)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
 
 
 class StreamFormat:
     """Pre-rendered pieces of one request's SSE stream (chat or text completion)."""
 
-    __slots__ = ("chat", "head", "prefix", "mid", "tail", "usage_head")
+    __slots__ = ("chat", "head", "mid", "prefix", "tail", "usage_head")
 
     def __init__(self, *, chat: bool, model: str, created: int | None = None, base_id: str | None = None) -> None:
         self.chat = chat
         rid = request_id("chatcmpl" if chat else "cmpl", base_id)
         obj = "chat.completion.chunk" if chat else "text_completion"
         created = int(time.time()) if created is None else created
-        self.head = (f'{{"id":"{rid}","object":"{obj}","created":{created},'
-                     f'"model":{json.dumps(model)},')
+        self.head = f'{{"id":"{rid}","object":"{obj}","created":{created},"model":{json.dumps(model)},'
         if chat:
-            self.prefix = 'data: ' + self.head + '"choices":[{"index":0,"delta":{"content":"'
+            self.prefix = "data: " + self.head + '"choices":[{"index":0,"delta":{"content":"'
             self.mid = '"},"logprobs":null,"finish_reason":'
             self.tail = "}]}"
         else:
-            self.prefix = 'data: ' + self.head + '"choices":[{"index":0,"text":"'
+            self.prefix = "data: " + self.head + '"choices":[{"index":0,"text":"'
             self.mid = '","logprobs":null,"finish_reason":'
             self.tail = ',"stop_reason":null}]}'
-        self.usage_head = 'data: ' + self.head + '"choices":[],"usage":'
+        self.usage_head = "data: " + self.head + '"choices":[],"usage":'
 
     def role_chunk(self) -> str:
         """The first chat chunk: the assistant role and empty content, before any token."""
-        return ('data: ' + self.head +
-                '"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
-                '"logprobs":null,"finish_reason":null}]}\n\n')
+        return (
+            "data: " + self.head + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+            '"logprobs":null,"finish_reason":null}]}\n\n'
+        )
 
     def token(self, text: str, finish_reason: str | None = None, usage_json: str | None = None) -> str:
         """One token's event; the last one carries ``finish_reason`` (and vLLM's ``stop_reason``)."""
@@ -79,21 +82,32 @@ class StreamFormat:
         return self.usage_head + json.dumps(usage(prompt_tokens, completion_tokens), separators=(",", ":")) + "}\n\n"
 
 
-def chat_response(model: str, text: str, finish_reason: str, prompt_tokens: int,
-                  completion_tokens: int, base_id: str | None = None) -> dict[str, Any]:
+def chat_response(
+    model: str, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int, base_id: str | None = None
+) -> dict[str, Any]:
     return {
         "id": request_id("chatcmpl", base_id),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None, "annotations": None,
-                        "audio": None, "function_call": None, "tool_calls": [], "reasoning_content": None},
-            "logprobs": None,
-            "finish_reason": finish_reason,
-            "stop_reason": None,
-        }],
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": text,
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "tool_calls": [],
+                    "reasoning_content": None,
+                },
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": None,
+            }
+        ],
         "service_tier": None,
         "system_fingerprint": None,
         "usage": usage(prompt_tokens, completion_tokens) | {"prompt_tokens_details": None},
@@ -102,8 +116,9 @@ def chat_response(model: str, text: str, finish_reason: str, prompt_tokens: int,
     }
 
 
-def responses_response(model: str, text: str, finish_reason: str, input_tokens: int, output_tokens: int,
-                       previous_response_id: str | None) -> dict[str, Any]:
+def responses_response(
+    model: str, text: str, finish_reason: str, input_tokens: int, output_tokens: int, previous_response_id: str | None
+) -> dict[str, Any]:
     """A whole reply of the Responses API (``/v1/responses``), as vLLM serves it."""
     return {
         "id": request_id("resp"),
@@ -113,25 +128,43 @@ def responses_response(model: str, text: str, finish_reason: str, input_tokens: 
         "status": "completed" if finish_reason == "stop" else "incomplete",
         "incomplete_details": None if finish_reason == "stop" else {"reason": "max_output_tokens"},
         "previous_response_id": previous_response_id,
-        "output": [{
-            "id": request_id("msg"), "type": "message", "role": "assistant", "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }],
-        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens,
-                  "total_tokens": input_tokens + output_tokens,
-                  "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}},
+        "output": [
+            {
+                "id": request_id("msg"),
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
+        "usage": {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
     }
 
 
-def completion_response(model: str, text: str, finish_reason: str, prompt_tokens: int,
-                        completion_tokens: int, base_id: str | None = None) -> dict[str, Any]:
+def completion_response(
+    model: str, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int, base_id: str | None = None
+) -> dict[str, Any]:
     return {
         "id": request_id("cmpl", base_id),
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
-                     "stop_reason": None, "prompt_logprobs": None}],
+        "choices": [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }
+        ],
         "service_tier": None,
         "system_fingerprint": None,
         "usage": usage(prompt_tokens, completion_tokens) | {"prompt_tokens_details": None},
@@ -142,19 +175,31 @@ def completion_response(model: str, text: str, finish_reason: str, prompt_tokens
 def models_response(served_name: str, root: str, max_model_len: int, created: int) -> dict[str, Any]:
     return {
         "object": "list",
-        "data": [{
-            "id": served_name,
-            "object": "model",
-            "created": created,
-            "owned_by": "vllm",
-            "root": root,
-            "parent": None,
-            "max_model_len": max_model_len,
-            "permission": [{
-                "id": request_id("modelperm"), "object": "model_permission", "created": created,
-                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
-                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
-                "organization": "*", "group": None, "is_blocking": False,
-            }],
-        }],
+        "data": [
+            {
+                "id": served_name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": root,
+                "parent": None,
+                "max_model_len": max_model_len,
+                "permission": [
+                    {
+                        "id": request_id("modelperm"),
+                        "object": "model_permission",
+                        "created": created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+        ],
     }

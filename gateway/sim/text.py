@@ -29,13 +29,70 @@ CHAT_TOKENS_PER_MESSAGE = 4  # <|im_start|>role\n ... <|im_end|>\n
 CHAT_TOKENS_REPLY = 3  # <|im_start|>assistant\n
 
 WORDS: tuple[str, ...] = tuple(
-    (
-        "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut "
-        "labore et dolore magna aliqua enim ad minim veniam quis nostrud exercitation ullamco laboris "
-        "nisi aliquip ex ea commodo consequat duis aute irure in reprehenderit voluptate velit esse "
-        "cillum fugiat nulla pariatur excepteur sint occaecat cupidatat non proident sunt culpa qui "
-        "officia deserunt mollit anim id est laborum"
-    ).split()
+    [
+        "lorem",
+        "ipsum",
+        "dolor",
+        "sit",
+        "amet",
+        "consectetur",
+        "adipiscing",
+        "elit",
+        "sed",
+        "do",
+        "eiusmod",
+        "tempor",
+        "incididunt",
+        "ut",
+        "labore",
+        "et",
+        "dolore",
+        "magna",
+        "aliqua",
+        "enim",
+        "ad",
+        "minim",
+        "veniam",
+        "quis",
+        "nostrud",
+        "exercitation",
+        "ullamco",
+        "laboris",
+        "nisi",
+        "aliquip",
+        "ex",
+        "ea",
+        "commodo",
+        "consequat",
+        "duis",
+        "aute",
+        "irure",
+        "in",
+        "reprehenderit",
+        "voluptate",
+        "velit",
+        "esse",
+        "cillum",
+        "fugiat",
+        "nulla",
+        "pariatur",
+        "excepteur",
+        "sint",
+        "occaecat",
+        "cupidatat",
+        "non",
+        "proident",
+        "sunt",
+        "culpa",
+        "qui",
+        "officia",
+        "deserunt",
+        "mollit",
+        "anim",
+        "id",
+        "est",
+        "laborum",
+    ]
 )
 
 
@@ -81,7 +138,7 @@ def completion_prompt_tokens(prompt: str | list[int]) -> tuple[int, int]:
 def text_token_ids(text: str) -> list[int]:
     """The ids of :func:`text_tokens`' tokens: each 4-byte piece of the UTF-8 text, read as an integer."""
     data = text.encode("utf-8")
-    return [int.from_bytes(data[i:i + BYTES_PER_TOKEN], "little") for i in range(0, len(data), BYTES_PER_TOKEN)]
+    return [int.from_bytes(data[i : i + BYTES_PER_TOKEN], "little") for i in range(0, len(data), BYTES_PER_TOKEN)]
 
 
 _TEMPLATE_ID = 1 << 40  # above any 4-byte piece: template tokens never equal text tokens
@@ -105,7 +162,7 @@ def block_hashes(token_ids: list[int], block_size: int) -> tuple[int, ...]:
     out: list[int] = []
     parent = 0
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash((parent, tuple(token_ids[start:start + block_size])))
+        parent = hash((parent, tuple(token_ids[start : start + block_size])))
         out.append(parent)
     return tuple(out)
 

@@ -19,7 +19,6 @@ say so on the record (``usage_reported=False``).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -28,16 +27,26 @@ from typing import Any
 
 import aiohttp
 
-from gateway.sweep.workload import ApiKind, RequestSpec
 from gateway.common.headers import QUEUE_HEADER
 from gateway.common.resend import STALE_CONNECTION_ERRORS
+from gateway.sweep.workload import ApiKind, RequestSpec
 
 REJECT_STATUSES = frozenset({429, 503})  # overload answers (a gateway's queue), not backend failures
-_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
-                          "responses": "/v1/responses", "messages": "/v1/messages"}
+_PATHS: dict[str, str] = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+}
 #: Named-event APIs: the ``type`` of each event's data that carries one token, and where usage is.
-_TOKEN_EVENTS = frozenset({"response.output_text.delta", "response.reasoning_text.delta",
-                           "response.function_call_arguments.delta", "content_block_delta"})
+_TOKEN_EVENTS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.function_call_arguments.delta",
+        "content_block_delta",
+    }
+)
 _ERROR_EVENTS = frozenset({"error", "response.failed"})
 
 
@@ -254,7 +263,7 @@ class StreamClient:
                     record.end = time.perf_counter()
                     return record
                 await self._read_stream(resp, record, on_chunk)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             record.error, record.error_kind = f"timed out after {self.target.timeout_s:g} s", "timeout"
         except (aiohttp.ClientError, OSError) as exc:
             record.error, record.error_kind = f"{type(exc).__name__}: {exc}", "connect"
@@ -284,8 +293,9 @@ class StreamClient:
         except STALE_CONNECTION_ERRORS:
             record.start = time.perf_counter()
         if self._fresh is None:
-            self._fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True),
-                                                timeout=self.session.timeout)
+            self._fresh = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, force_close=True), timeout=self.session.timeout
+            )
         return await self._fresh.post(self.target.endpoint, data=payload, headers=headers)
 
     async def _read_stream(
@@ -341,8 +351,9 @@ class StreamClient:
             record.usage_reported = True
 
     @staticmethod
-    def _on_event(kind: str, message: dict[str, Any], now: float, record: RequestRecord,
-                  on_chunk: Callable[[], None] | None) -> None:
+    def _on_event(
+        kind: str, message: dict[str, Any], now: float, record: RequestRecord, on_chunk: Callable[[], None] | None
+    ) -> None:
         """One event of the Responses or Messages API (its data's ``type`` names it)."""
         if kind in _ERROR_EVENTS:
             error = message.get("error") or (message.get("response") or {}).get("error") or message
@@ -362,8 +373,10 @@ class StreamClient:
                 record.usage_reported = True
         elif kind == "message_start":
             usage = (message.get("message") or {}).get("usage") or {}
-            record.prompt_tokens = sum(int(usage.get(key) or 0) for key in
-                                       ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
+            record.prompt_tokens = sum(
+                int(usage.get(key) or 0)
+                for key in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+            )
         elif kind == "message_delta":
             usage = message.get("usage") or {}
             if usage.get("output_tokens") is not None:

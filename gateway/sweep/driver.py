@@ -22,8 +22,8 @@ import gateway
 from gateway.sweep.client import RequestRecord, StreamClient, Target
 from gateway.sweep.finder import detect_cliff, find_sweet_spot, judge
 from gateway.sweep.loadgen import ClosedLoopPool, PoissonLoad
-from gateway.sweep.stats import level_metrics
 from gateway.sweep.result import SLO, LevelMetrics, ServerInfo, SweepResult, SweepSettings, TokenCounting
+from gateway.sweep.stats import level_metrics
 from gateway.sweep.workload import ApiKind, RequestFactory, Workload
 
 DEFAULT_LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -150,8 +150,9 @@ class _LevelRun:
         self.changed.clear()
 
     def emit(self, phase: Phase, done: float, total: float, started: float) -> None:
-        self._progress(replace(self._base, phase=phase, done=done, total=total,
-                               elapsed_s=time.perf_counter() - started))
+        self._progress(
+            replace(self._base, phase=phase, done=done, total=total, elapsed_s=time.perf_counter() - started)
+        )
 
 
 def _noop(event: SweepEvent) -> None:
@@ -169,8 +170,14 @@ async def run_level(
     if config.rate is None:
         generator = ClosedLoopPool(client, factory, concurrency=concurrency, on_record=run.on_record)
     else:
-        generator = PoissonLoad(client, factory, rate=config.rate, max_in_flight=concurrency,
-                                seed=config.workload.seed + index, on_record=run.on_record)
+        generator = PoissonLoad(
+            client,
+            factory,
+            rate=config.rate,
+            max_in_flight=concurrency,
+            seed=config.workload.seed + index,
+            on_record=run.on_record,
+        )
     started = time.perf_counter()
     deadline = started + config.level_timeout_s
     timed_out = False
@@ -208,8 +215,13 @@ async def run_level(
         await generator.stop(drain_timeout_s=0)
         raise
     metrics = level_metrics(
-        run.records, concurrency=concurrency, window_start=window_start, window_end=window_end,
-        slo=config.slo, rate=config.rate, timed_out=timed_out,
+        run.records,
+        concurrency=concurrency,
+        window_start=window_start,
+        window_end=window_end,
+        slo=config.slo,
+        rate=config.rate,
+        timed_out=timed_out,
     )
     return judge(metrics, config.slo)
 
@@ -219,7 +231,7 @@ async def _preflight(client: StreamClient, config: SweepConfig) -> tuple[str, li
     fails in seconds with a clear reason rather than as a sweep full of errors."""
     try:
         models = await client.list_models()
-    except Exception as exc:  # noqa: BLE001 - any failure here means the same thing to the user
+    except Exception as exc:
         if config.model is None:
             raise SweepError(f"cannot list models at {config.url}: {exc}; pass --model to skip this") from exc
         models = []
@@ -264,20 +276,47 @@ async def run_sweep(config: SweepConfig, progress: Progress | None = None) -> Sw
         model, models = await _preflight(client, config)
         emit(SweepEvent(kind="start", levels_total=total, message=f"sweeping {config.url} (model {model})"))
         for index, concurrency in enumerate(config.levels):
-            emit(SweepEvent(kind="level_start", level_index=index, levels_total=total, concurrency=concurrency,
-                            elapsed_s=time.perf_counter() - began))
+            emit(
+                SweepEvent(
+                    kind="level_start",
+                    level_index=index,
+                    levels_total=total,
+                    concurrency=concurrency,
+                    elapsed_s=time.perf_counter() - began,
+                )
+            )
             level = await run_level(client, config, concurrency, index=index, progress=emit)
             levels.append(level)
-            emit(SweepEvent(kind="level_end", level_index=index, levels_total=total, concurrency=concurrency,
-                            level=level, elapsed_s=time.perf_counter() - began))
+            emit(
+                SweepEvent(
+                    kind="level_end",
+                    level_index=index,
+                    levels_total=total,
+                    concurrency=concurrency,
+                    level=level,
+                    elapsed_s=time.perf_counter() - began,
+                )
+            )
             cliff = detect_cliff(levels, tolerance=config.cliff_tolerance, max_error_rate=config.max_error_rate)
             if cliff is not None and config.early_stop and index < total - 1:
                 stopped_early = True
-                emit(SweepEvent(kind="stop", level_index=index, levels_total=total, concurrency=concurrency,
-                                message=f"cliff: {cliff.reason}; stopping early"))
+                emit(
+                    SweepEvent(
+                        kind="stop",
+                        level_index=index,
+                        levels_total=total,
+                        concurrency=concurrency,
+                        message=f"cliff: {cliff.reason}; stopping early",
+                    )
+                )
                 break
-    verdict = find_sweet_spot(levels, slo=config.slo, fraction=config.fraction,
-                              tolerance=config.cliff_tolerance, max_error_rate=config.max_error_rate)
+    verdict = find_sweet_spot(
+        levels,
+        slo=config.slo,
+        fraction=config.fraction,
+        tolerance=config.cliff_tolerance,
+        max_error_rate=config.max_error_rate,
+    )
     counting = _overall_counting(levels)
     result = SweepResult(
         sweetspot_version=gateway.__version__,

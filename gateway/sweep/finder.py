@@ -93,8 +93,13 @@ def find_sweet_spot(
     cliff = detect_cliff(ordered, tolerance=tolerance, max_error_rate=max_error_rate)
     usable = [lv for lv in ordered if lv.completed > 0]
     if not usable:
-        return Verdict(peak_tokens_per_s=0.0, peak_concurrency=None, sweet_spot=None, cliff=cliff,
-                       reason="no level completed a single request")
+        return Verdict(
+            peak_tokens_per_s=0.0,
+            peak_concurrency=None,
+            sweet_spot=None,
+            cliff=cliff,
+            reason="no level completed a single request",
+        )
     peak = max(usable, key=lambda lv: lv.output_tokens_per_s)  # first maximum: the smallest concurrency
     target = fraction * peak.output_tokens_per_s
     before_cliff = [lv for lv in usable if cliff is None or lv.concurrency < cliff.concurrency]
@@ -112,8 +117,13 @@ def find_sweet_spot(
                 f"concurrency {level.concurrency} reaches {spot.fraction_of_peak:.0%} of the peak "
                 f"{peak.output_tokens_per_s:.0f} tok/s (at {peak.concurrency}) with every SLO held"
             )
-            return Verdict(peak_tokens_per_s=peak.output_tokens_per_s, peak_concurrency=peak.concurrency,
-                           sweet_spot=spot, cliff=cliff, reason=reason)
+            return Verdict(
+                peak_tokens_per_s=peak.output_tokens_per_s,
+                peak_concurrency=peak.concurrency,
+                sweet_spot=spot,
+                cliff=cliff,
+                reason=reason,
+            )
     if not healthy:
         first = before_cliff[0] if before_cliff else usable[0]
         problems = "; ".join(slo_violations(first, slo)) or f"error rate {first.error_rate:.0%}"
@@ -125,5 +135,10 @@ def find_sweet_spot(
             f"the best within them was concurrency {best.concurrency} at {best.output_tokens_per_s:.0f} tok/s "
             f"({best.output_tokens_per_s / peak.output_tokens_per_s:.0%})"
         )
-    return Verdict(peak_tokens_per_s=peak.output_tokens_per_s, peak_concurrency=peak.concurrency,
-                   sweet_spot=None, cliff=cliff, reason=reason)
+    return Verdict(
+        peak_tokens_per_s=peak.output_tokens_per_s,
+        peak_concurrency=peak.concurrency,
+        sweet_spot=None,
+        cliff=cliff,
+        reason=reason,
+    )

@@ -12,9 +12,9 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from gateway.sweep.result import LevelMetrics
 from gateway.sweep.driver import Progress as ProgressCallback
 from gateway.sweep.driver import SweepEvent
+from gateway.sweep.result import LevelMetrics
 
 
 def level_line(level: LevelMetrics) -> str:
@@ -85,11 +85,14 @@ class RichProgress:
             if event.phase == "drain":
                 bar.update(self._level, description=description, completed=1, total=1)
             else:
-                bar.update(self._level, description=description, completed=int(event.done),
-                           total=max(1, int(event.total)))
+                bar.update(
+                    self._level, description=description, completed=int(event.done), total=max(1, int(event.total))
+                )
         elif event.kind == "level_end" and event.level is not None and self._levels is not None:
             bar.advance(self._levels)
-            bar.console.print(f"concurrency {event.concurrency:>4}: {level_line(event.level)}", highlight=False, soft_wrap=True)
+            bar.console.print(
+                f"concurrency {event.concurrency:>4}: {level_line(event.level)}", highlight=False, soft_wrap=True
+            )
         elif event.kind == "stop":
             bar.console.print(f"[yellow]{event.message}[/yellow]")
         elif event.kind == "done" and self._levels is not None:

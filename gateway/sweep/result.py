@@ -10,7 +10,7 @@ writes them); throughputs are per second of the level's measurement window.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -133,7 +133,7 @@ class SweepSettings(_Model):
 class SweepResult(_Model):
     kind: Literal["sweetspot.sweep"] = KIND
     schema_version: Literal[1] = SCHEMA_VERSION
-    created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     sweetspot_version: str = ""
     server: ServerInfo
     settings: SweepSettings

@@ -14,8 +14,17 @@ from rich.table import Table
 from gateway.sweep.result import LevelMetrics, SweepResult, save_sweep_result
 
 COLUMNS = (
-    "conc", "tok/s", "req/s", "goodput", "TTFT p50/p99", "TPOT p50/p99", "ITL p99", "E2E p99",
-    "ok/fail/429+503", "SLO", "",
+    "conc",
+    "tok/s",
+    "req/s",
+    "goodput",
+    "TTFT p50/p99",
+    "TPOT p50/p99",
+    "ITL p99",
+    "E2E p99",
+    "ok/fail/429+503",
+    "SLO",
+    "",
 )
 
 
@@ -60,7 +69,9 @@ def headline(result: SweepResult) -> list[str]:
     spot = result.sweet_spot
     lines = [
         f"sweet spot: {spot.concurrency} concurrent requests ({spot.output_tokens_per_s:.0f} tok/s, "
-        f"{spot.fraction_of_peak:.0%} of peak)" if spot else "sweet spot: none found",
+        f"{spot.fraction_of_peak:.0%} of peak)"
+        if spot
+        else "sweet spot: none found",
         f"peak: {result.peak_tokens_per_s:.0f} tok/s at concurrency {result.peak_concurrency}",
         f"cliff: {result.cliff.reason}" if result.cliff else "cliff: not seen",
         f"why: {result.verdict}",
@@ -73,10 +84,14 @@ def headline(result: SweepResult) -> list[str]:
 def markdown(result: SweepResult) -> str:
     s = result.settings
     slo = s.slo
-    slo_text = ", ".join(
-        f"{name} <= {value:g} ms" for name, value in (("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms), ("E2E", slo.e2e_ms))
-        if value is not None
-    ) or "none"
+    slo_text = (
+        ", ".join(
+            f"{name} <= {value:g} ms"
+            for name, value in (("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms), ("E2E", slo.e2e_ms))
+            if value is not None
+        )
+        or "none"
+    )
     workload = s.workload
     lines = [
         f"# Sweep of {result.server.url} ({result.server.model})",
@@ -121,8 +136,13 @@ def plot(result: SweepResult, path: str | Path) -> Path:
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(8, 6.5), constrained_layout=True)
     top.plot(xs, [lv.output_tokens_per_s for lv in levels], "o-", color="tab:blue", label="output tokens/s")
     top.axhline(result.peak_tokens_per_s, color="tab:blue", ls=":", lw=1, label=f"peak {result.peak_tokens_per_s:.0f}")
-    top.axhline(result.settings.fraction * result.peak_tokens_per_s, color="tab:gray", ls=":", lw=1,
-                label=f"{result.settings.fraction:.0%} of peak")
+    top.axhline(
+        result.settings.fraction * result.peak_tokens_per_s,
+        color="tab:gray",
+        ls=":",
+        lw=1,
+        label=f"{result.settings.fraction:.0%} of peak",
+    )
     missed = [(lv.concurrency, lv.output_tokens_per_s) for lv in levels if not lv.slo_met]
     if missed:
         top.plot(*zip(*missed), "x", color="tab:red", ms=10, mew=2, label="SLO missed")
@@ -145,11 +165,23 @@ def plot(result: SweepResult, path: str | Path) -> Path:
             axis.axvline(result.cliff.concurrency, color="tab:red", lw=2, alpha=0.6)
         axis.grid(True, alpha=0.3)
     if result.sweet_spot:
-        top.annotate(f"sweet spot {result.sweet_spot.concurrency}", (result.sweet_spot.concurrency, 0.04),
-                     xycoords=("data", "axes fraction"), color="tab:green", ha="right", rotation=90)
+        top.annotate(
+            f"sweet spot {result.sweet_spot.concurrency}",
+            (result.sweet_spot.concurrency, 0.04),
+            xycoords=("data", "axes fraction"),
+            color="tab:green",
+            ha="right",
+            rotation=90,
+        )
     if result.cliff:
-        top.annotate(f"cliff {result.cliff.concurrency}", (result.cliff.concurrency, 0.04),
-                     xycoords=("data", "axes fraction"), color="tab:red", ha="right", rotation=90)
+        top.annotate(
+            f"cliff {result.cliff.concurrency}",
+            (result.cliff.concurrency, 0.04),
+            xycoords=("data", "axes fraction"),
+            color="tab:red",
+            ha="right",
+            rotation=90,
+        )
     if len(xs) > 1 and xs[-1] / xs[0] >= 8:
         top.set_xscale("log", base=2)
     top.set_xticks(xs, [str(x) for x in xs])

@@ -18,8 +18,9 @@ class LoopLagProbe:
     """Call :meth:`tick` every ``interval_s`` from the loop being measured; each call records how much later
     than ``interval_s`` after the previous one it ran."""
 
-    def __init__(self, interval_s: float, gauge: Gauge, histogram: Histogram,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, interval_s: float, gauge: Gauge, histogram: Histogram, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.interval_s = interval_s
         self._gauge, self._histogram, self._clock = gauge, histogram, clock
         self._last: float | None = None

@@ -37,13 +37,52 @@ disable_created_metrics()
 # LLM latencies span four orders of magnitude: a cached first token in a few ms, a long generation
 # queued behind others in minutes.
 LATENCY_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0,
-    15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0, 600.0,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    45.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
 )
 # Time per output token: ~5 ms on a fast GPU with one stream, ~100 ms is the edge of readable streaming.
 TPOT_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
-    0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
 )
 # Tokens per request: a one-word answer to a book-length prompt.
 PROMPT_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -53,7 +92,17 @@ OUTPUT_TOKEN_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
 LOOP_LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 # The gateway's own cost per request: tens of microseconds to a few milliseconds.
 OVERHEAD_BUCKETS = (
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
 )
 
 
@@ -66,8 +115,14 @@ class ReadAtScrape(Collector):
     read from elsewhere (a backend's own counter) with the counter type, so ``rate()`` handles its resets.
     """
 
-    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...], registry: CollectorRegistry,
-                 kind: Literal["gauge", "counter"] = "gauge") -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: tuple[str, ...],
+        registry: CollectorRegistry,
+        kind: Literal["gauge", "counter"] = "gauge",
+    ) -> None:
         self.name, self.documentation, self.labelnames, self.kind = name, documentation, labelnames, kind
         self._readers: dict[tuple[str, ...], Reader] = {}
         registry.register(self)
@@ -109,24 +164,29 @@ class GatewayMetrics:
         self.event_loop_lag = Gauge(
             "sweetspot_event_loop_lag_seconds",
             "How late the latest periodic timer of the event loop fired: time the single loop spent busy "
-            "before it could run it. The first sign of a saturated proxy.", registry=r,
+            "before it could run it. The first sign of a saturated proxy.",
+            registry=r,
         )
         self.event_loop_lag_hist = Histogram(
-            "sweetspot_event_loop_lag_distribution_seconds", "Every measured event-loop lag.",
-            buckets=LOOP_LAG_BUCKETS, registry=r,
+            "sweetspot_event_loop_lag_distribution_seconds",
+            "Every measured event-loop lag.",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=r,
         )
 
         # --- requests, as the clients see them -----------------------------------------------------
         self.requests = Counter(
             "sweetspot_requests",
             "Client requests answered, by route, HTTP status and model (empty before the model is known).",
-            ["route", "status", "model"], registry=r,
+            ["route", "status", "model"],
+            registry=r,
         )
         self.rejections = Counter(
             "sweetspot_rejections",
             "Requests the gateway refused itself, by reason (queue_full, queue_timeout, no_upstream, "
             "client_disconnected, unauthorized, bad_request, body_too_large, model_not_found).",
-            ["reason"], registry=r,
+            ["reason"],
+            registry=r,
         )
 
         # --- admission -----------------------------------------------------------------------------
@@ -136,106 +196,142 @@ class GatewayMetrics:
             "sweetspot_queue_wait_seconds",
             "Time requests spent queued, by how the wait ended (admitted, timed_out, client_gone, rejected) "
             "and priority class (one of the configured priority_classes).",
-            ["outcome", "priority"], buckets=LATENCY_BUCKETS, registry=r,
+            ["outcome", "priority"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.inflight = Gauge(
             "sweetspot_inflight", "Requests admitted to the upstream and not finished.", ["upstream"], registry=r
         )
-        self.limit = Gauge(
-            "sweetspot_limit", "Current concurrency limit of the upstream.", ["upstream"], registry=r
-        )
+        self.limit = Gauge("sweetspot_limit", "Current concurrency limit of the upstream.", ["upstream"], registry=r)
         self.upstream_healthy = Gauge(
             "sweetspot_upstream_healthy", "1 when the upstream's health check passes.", ["upstream"], registry=r
         )
 
         # --- per-request measurements --------------------------------------------------------------
         self.ttft = Histogram(
-            "sweetspot_ttft_seconds", "Time to first token as the client saw it, queue wait included.",
-            ["upstream"], buckets=LATENCY_BUCKETS, registry=r,
+            "sweetspot_ttft_seconds",
+            "Time to first token as the client saw it, queue wait included.",
+            ["upstream"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.upstream_ttft = Histogram(
-            "sweetspot_upstream_ttft_seconds", "Time to first token from admission: what the backend caused.",
-            ["upstream"], buckets=LATENCY_BUCKETS, registry=r,
+            "sweetspot_upstream_ttft_seconds",
+            "Time to first token from admission: what the backend caused.",
+            ["upstream"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.tpot = Histogram(
-            "sweetspot_tpot_seconds", "Time per output token after the first: (E2E - TTFT) / (tokens - 1).",
-            ["upstream"], buckets=TPOT_BUCKETS, registry=r,
+            "sweetspot_tpot_seconds",
+            "Time per output token after the first: (E2E - TTFT) / (tokens - 1).",
+            ["upstream"],
+            buckets=TPOT_BUCKETS,
+            registry=r,
         )
         self.e2e = Histogram(
-            "sweetspot_e2e_seconds", "End-to-end request latency as the client saw it.",
-            ["upstream"], buckets=LATENCY_BUCKETS, registry=r,
+            "sweetspot_e2e_seconds",
+            "End-to-end request latency as the client saw it.",
+            ["upstream"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.prompt_tokens = Counter(
-            "sweetspot_prompt_tokens", "Prompt tokens of finished requests (from upstream usage).",
-            ["upstream", "model"], registry=r,
+            "sweetspot_prompt_tokens",
+            "Prompt tokens of finished requests (from upstream usage).",
+            ["upstream", "model"],
+            registry=r,
         )
         self.output_tokens = Counter(
-            "sweetspot_output_tokens", "Output tokens of finished requests (from upstream usage).",
-            ["upstream", "model"], registry=r,
+            "sweetspot_output_tokens",
+            "Output tokens of finished requests (from upstream usage).",
+            ["upstream", "model"],
+            registry=r,
         )
         self.request_prompt_tokens = Histogram(
-            "sweetspot_request_prompt_tokens", "Prompt tokens per finished request that reported usage.",
-            ["upstream", "model"], buckets=PROMPT_TOKEN_BUCKETS, registry=r,
+            "sweetspot_request_prompt_tokens",
+            "Prompt tokens per finished request that reported usage.",
+            ["upstream", "model"],
+            buckets=PROMPT_TOKEN_BUCKETS,
+            registry=r,
         )
         self.request_output_tokens = Histogram(
-            "sweetspot_request_output_tokens", "Output tokens per finished request.",
-            ["upstream", "model"], buckets=OUTPUT_TOKEN_BUCKETS, registry=r,
+            "sweetspot_request_output_tokens",
+            "Output tokens per finished request.",
+            ["upstream", "model"],
+            buckets=OUTPUT_TOKEN_BUCKETS,
+            registry=r,
         )
         self.upstream_requests = Counter(
             "sweetspot_upstream_requests",
             "Requests sent upstream, by outcome (ok, upstream_error, client_cancelled, timed_out, client_error).",
-            ["upstream", "outcome", "model"], registry=r,
+            ["upstream", "outcome", "model"],
+            registry=r,
         )
         self.upstream_retries = Counter(
             "sweetspot_upstream_retries",
             "Requests re-sent before any byte came back (stale keep-alive connection or failover).",
-            ["upstream", "reason"], registry=r,
+            ["upstream", "reason"],
+            registry=r,
         )
         self.overhead = Histogram(
             "sweetspot_overhead_seconds",
             "Time the gateway itself adds to a request: arrival to upstream send, queue wait excluded.",
-            buckets=OVERHEAD_BUCKETS, registry=r,
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
         )
 
         # --- the controller ------------------------------------------------------------------------
         self.decisions = Counter(
             "sweetspot_controller_decisions",
             "Controller decisions, by action (increase, decrease, hold) and reason.",
-            ["upstream", "action", "reason"], registry=r,
+            ["upstream", "action", "reason"],
+            registry=r,
         )
         self.window_tokens_per_s = Gauge(
             "sweetspot_window_output_tokens_per_second",
-            "Output tokens/s over the controller's sliding window.", ["upstream"], registry=r,
+            "Output tokens/s over the controller's sliding window.",
+            ["upstream"],
+            registry=r,
         )
         self.window_ttft_p99 = Gauge(
             "sweetspot_window_upstream_ttft_p99_seconds",
             "p99 TTFT net of queue wait over the sliding window (absent while the window has none).",
-            ["upstream"], registry=r,
+            ["upstream"],
+            registry=r,
         )
         self.window_tpot_p99 = Gauge(
-            "sweetspot_window_tpot_p99_seconds", "p99 TPOT over the sliding window (absent while the window has none).",
-            ["upstream"], registry=r,
+            "sweetspot_window_tpot_p99_seconds",
+            "p99 TPOT over the sliding window (absent while the window has none).",
+            ["upstream"],
+            registry=r,
         )
         self.sweet_spot = Gauge(
             "sweetspot_sweep_sweet_spot",
             "Sweet spot measured by `sweetspot sweep` for the upstream (absent when none was given).",
-            ["upstream"], registry=r,
+            ["upstream"],
+            registry=r,
         )
         self.sweep_peak_tokens_per_s = Gauge(
             "sweetspot_sweep_peak_tokens_per_second",
             "Peak output tokens/s measured by `sweetspot sweep` (the controller's reference; absent without one).",
-            ["upstream"], registry=r,
+            ["upstream"],
+            registry=r,
         )
         self.objective = Gauge(
             "sweetspot_objective_seconds",
             "The latency objectives the controller holds (objective: ttft_p99, tpot_p99); absent when unset. "
-            "Alerts compare what clients see with them.", ["objective"], registry=r,
+            "Alerts compare what clients see with them.",
+            ["objective"],
+            registry=r,
         )
         self.hard_cap = Gauge(
             "sweetspot_limit_hard_cap",
             "Upper bound on the limit from the upstream's real capacity (slots, --max-num-seqs, KV capacity); "
             "absent when unknown.",
-            ["upstream"], registry=r,
+            ["upstream"],
+            registry=r,
         )
 
         # --- headroom: GPUs and the backend's own signals ------------------------------------------
@@ -249,24 +345,35 @@ class GatewayMetrics:
         upstream = ("upstream",)
         self.backend_kv_usage = ReadAtScrape(
             "sweetspot_backend_kv_cache_usage_ratio",
-            "The backend's KV-cache usage (0-1) from its /metrics.", upstream, r,
+            "The backend's KV-cache usage (0-1) from its /metrics.",
+            upstream,
+            r,
         )
         self.backend_running = ReadAtScrape(
-            "sweetspot_backend_requests_running", "Requests the backend reports running.", upstream, r,
+            "sweetspot_backend_requests_running",
+            "Requests the backend reports running.",
+            upstream,
+            r,
         )
         self.backend_waiting = ReadAtScrape(
-            "sweetspot_backend_requests_waiting", "Requests the backend reports waiting in its own queue.", upstream, r,
+            "sweetspot_backend_requests_waiting",
+            "Requests the backend reports waiting in its own queue.",
+            upstream,
+            r,
         )
         self.backend_preemptions = ReadAtScrape(
             "sweetspot_backend_preemptions",
             "The backend's own cumulative preemption counter as last scraped (resets when the backend restarts).",
-            upstream, r, kind="counter",
+            upstream,
+            r,
+            kind="counter",
         )
         self.backend_metrics_age = ReadAtScrape(
             "sweetspot_backend_metrics_age_seconds",
             "Seconds since the backend's /metrics were last read successfully (since the gateway started "
             "reading them, before the first success).",
-            upstream, r,
+            upstream,
+            r,
         )
         self.backend_scrape_errors = Counter(
             "sweetspot_backend_scrape_errors", "Failed scrapes of the backend's /metrics.", ["upstream"], registry=r
@@ -278,20 +385,26 @@ class GatewayMetrics:
             "Requests routed among several upstreams with room, by why that upstream: prefix (it holds the "
             "longest known prefix of the prompt), load (another holds more but is full or busier than the "
             "saving is worth), least_loaded (no upstream is known to hold any of it).",
-            ["reason"], registry=r,
+            ["reason"],
+            registry=r,
         )
         self.routing_prefix_chunks = Counter(
             "sweetspot_routing_prefix_chunks",
-            "Prompt chunks (256 characters) of the requests routed to the upstream.", ["upstream"], registry=r,
+            "Prompt chunks (256 characters) of the requests routed to the upstream.",
+            ["upstream"],
+            registry=r,
         )
         self.routing_prefix_hit_chunks = Counter(
             "sweetspot_routing_prefix_hit_chunks",
             "Of those, chunks the gateway expected in the upstream's prefix cache (it served them recently): "
-            "divided by sweetspot_routing_prefix_chunks, the estimated prefix hit rate.", ["upstream"], registry=r,
+            "divided by sweetspot_routing_prefix_chunks, the estimated prefix hit rate.",
+            ["upstream"],
+            registry=r,
         )
         self.routing_prefix_map_entries = Gauge(
             "sweetspot_routing_prefix_map_entries",
-            "Prompt-prefix chunks the router remembers (bounded by routing_prefix_map_max).", registry=r,
+            "Prompt-prefix chunks the router remembers (bounded by routing_prefix_map_max).",
+            registry=r,
         )
 
         self.tenants = TenantMetrics(r)
@@ -315,7 +428,7 @@ class GatewayMetrics:
 class TenantMeters:
     """One tenant label's bound children, for the request path (``labels()`` costs a lock and a key)."""
 
-    __slots__ = ("requests", "queue_wait", "output_tokens", "_rejections", "_rejections_metric", "_label")
+    __slots__ = ("_label", "_rejections", "_rejections_metric", "output_tokens", "queue_wait", "requests")
 
     def __init__(self, metrics: TenantMetrics, label: str) -> None:
         self._label = label
@@ -338,14 +451,17 @@ class TenantMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         self.requests = Counter(
-            "sweetspot_tenant_requests", "Client requests received on the proxied routes, by tenant.",
-            ["tenant"], registry=r,
+            "sweetspot_tenant_requests",
+            "Client requests received on the proxied routes, by tenant.",
+            ["tenant"],
+            registry=r,
         )
         self.rejections = Counter(
             "sweetspot_tenant_rejections",
             "Requests the gateway refused, by tenant and reason (queue_full, tenant_queue_full, quota_exceeded, "
             "queue_timeout, no_upstream, shutting_down, bad_request, ...).",
-            ["tenant", "reason"], registry=r,
+            ["tenant", "reason"],
+            registry=r,
         )
         self.queue_depth = Gauge(
             "sweetspot_tenant_queue_depth", "Requests waiting for a permit, by tenant.", ["tenant"], registry=r
@@ -354,12 +470,17 @@ class TenantMetrics:
             "sweetspot_tenant_inflight", "Requests admitted and not finished, by tenant.", ["tenant"], registry=r
         )
         self.queue_wait = Histogram(
-            "sweetspot_tenant_queue_wait_seconds", "Time admitted requests spent queued, by tenant.",
-            ["tenant"], buckets=LATENCY_BUCKETS, registry=r,
+            "sweetspot_tenant_queue_wait_seconds",
+            "Time admitted requests spent queued, by tenant.",
+            ["tenant"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.output_tokens = Counter(
-            "sweetspot_tenant_output_tokens", "Output tokens of finished requests (upstream usage), by tenant.",
-            ["tenant"], registry=r,
+            "sweetspot_tenant_output_tokens",
+            "Output tokens of finished requests (upstream usage), by tenant.",
+            ["tenant"],
+            registry=r,
         )
         self._meters: dict[str, TenantMeters] = {}
 

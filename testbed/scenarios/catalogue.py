@@ -45,10 +45,10 @@ from dataclasses import dataclass, field, replace
 
 from gateway.control.algorithm import LimitAlgorithm, Reason
 from gateway.control.config import AimdConfig, StartPoint
-from testbed.scenarios.evaluate import Oracle, goodput, oracle, static_point, tpot_p99, ttft_p99
-from testbed.scenarios.harness import Conditions, Harness, Tenancy, Workload
 from gateway.control.observation import Headroom
 from gateway.sim.profiles import get_profile
+from testbed.scenarios.evaluate import Oracle, goodput, oracle, static_point, tpot_p99, ttft_p99
+from testbed.scenarios.harness import Conditions, Harness, Tenancy, Workload
 
 CONVERGE_S = 30.0
 BAND = 0.2
@@ -97,8 +97,9 @@ class Scenario:
     shared: bool = False  # the gateways share their demand and limits (Redis between real replicas)
 
 
-def sweep_start(profile: str, conditions: Conditions, config: AimdConfig, seed: int,
-                levels_swept: tuple[int, ...] = SWEEP_LEVELS) -> StartPoint:
+def sweep_start(
+    profile: str, conditions: Conditions, config: AimdConfig, seed: int, levels_swept: tuple[int, ...] = SWEEP_LEVELS
+) -> StartPoint:
     """What ``sweetspot sweep`` would hand the controller for a backend under ``conditions``."""
     levels = [(level, static_point(profile, conditions, config, level, seed).tokens_per_s) for level in levels_swept]
     peak = max(rate for _, rate in levels)
@@ -108,100 +109,223 @@ def sweep_start(profile: str, conditions: Conditions, config: AimdConfig, seed: 
 
 
 # What a frozen /metrics endpoint keeps saying: the KV cache full and a queue, from a scrape long ago.
-_STALE_ALARM = Headroom(kv_usage=0.99, backend_running=64, backend_waiting=20, preemptions_total=500.0,
-                        backend_at=60.0)
+_STALE_ALARM = Headroom(kv_usage=0.99, backend_running=64, backend_waiting=20, preemptions_total=500.0, backend_at=60.0)
 
 SCENARIOS: tuple[Scenario, ...] = (
-    Scenario("steady_overload", "80 chat clients against one backend, from the default initial limit",
-             QWEN, (Phase("overload", 240, Conditions(OVERLOAD, CHAT)),)),
-    Scenario("load_steps", "client load steps down below the knee and back up",
-             QWEN, (Phase("high", 150, Conditions(OVERLOAD, CHAT)),
-                    Phase("low", 90, Conditions((12,), CHAT), ("no_drift", "goodput")),
-                    Phase("high again", 150, Conditions(OVERLOAD, CHAT)))),
-    Scenario("backend_slowdown", "the backend runs 2x slower for a while, then recovers",
-             QWEN, (Phase("normal", 150, Conditions(OVERLOAD, CHAT)),
-                    Phase("2x slower", 150, Conditions(OVERLOAD, CHAT, speed_factor=2.0)),
-                    Phase("recovered", 150, Conditions(OVERLOAD, CHAT)))),
-    Scenario("output_mix_shift", "answers get 5x longer: more KV per request, the limit must not collapse",
-             QWEN, (Phase("short answers", 150, Conditions(OVERLOAD, SHORT)),
-                    Phase("long answers", 180, Conditions(OVERLOAD, LONG)))),
-    Scenario("tight_kv", "KV cache full before the compute knee: settle below preemption onset",
-             LLAMA_TIGHT_KV, (Phase("overload", 240, Conditions(OVERLOAD, CHAT), (*FULL, "below_onset")),)),
-    Scenario("error_storm", "half the requests fail for 20 s, then the backend recovers",
-             QWEN, (Phase("normal", 120, Conditions(OVERLOAD, CHAT)),
-                    Phase("storm", 20, Conditions(OVERLOAD, CHAT, error_rate=0.5), ("backs_off",)),
-                    Phase("recovered", 150, Conditions(OVERLOAD, CHAT)))),
-    Scenario("stale_metrics", "the backend's /metrics freeze, last reporting a full cache: local signals only",
-             QWEN, (Phase("live metrics", 120, Conditions(OVERLOAD, CHAT)),
-                    Phase("frozen metrics", 180, Conditions(OVERLOAD, CHAT, metrics="frozen",
-                                                            frozen_headroom=_STALE_ALARM)))),
-    Scenario("idle_period", "no clients at all for two minutes: the limit must not drift",
-             QWEN, (Phase("busy", 120, Conditions(OVERLOAD, CHAT)),
-                    Phase("idle", 120, Conditions((0,), CHAT), ("no_drift",)),
-                    Phase("busy again", 90, Conditions(OVERLOAD, CHAT)))),
-    Scenario("backend_queue_noise", "short answers through an HTTP hop: the backend's waiting gauge is often "
-             "non-zero between engine steps, which is not a queue",
-             QWEN, (Phase("overload", 240, Conditions(OVERLOAD, TINY, hop_s=0.01), (*FULL, "quiet_queue")),)),
-    Scenario("start_from_sweep", "starts at a sweep's sweet spot (with its levels), light load, then a surge",
-             QWEN, (Phase("light", 16, Conditions((4,), DEMO), ("no_drift",)),
-                    Phase("surge", 150, Conditions((64,), DEMO))),
-             sweep=Conditions((64,), DEMO)),
-    Scenario("start_from_short_sweep", "starts from a sweep that stopped before the curve flattened (4, 8, 16): "
-             "the sweet spot it reports is too low, and the controller climbs from it",
-             QWEN, (Phase("surge", 150, Conditions((64,), DEMO), ("goodput", "tpot")),),
-             sweep=Conditions((64,), DEMO), sweep_levels=(4, 8, 16)),
-    Scenario("slowdown_then_calm", "the backend slows 2x and recovers, then demand drops under the sweet spot: "
-             "no creep down from readings of the slow period, nothing queued at 16 clients",
-             QWEN, (Phase("normal", 120, Conditions(OVERLOAD, DEMO, hop_s=0.01)),
-                    Phase("2x slower", 60, Conditions(OVERLOAD, DEMO, speed_factor=2.0, hop_s=0.01), ("tpot",)),
-                    Phase("recovered", 90, Conditions(OVERLOAD, DEMO, hop_s=0.01), ("goodput", "tpot", "no_creep")),
-                    Phase("calm", 60, Conditions((16,), DEMO, hop_s=0.01), ("no_drift", "no_gateway_queue"))),
-             sweep=Conditions(OVERLOAD, DEMO)),
-    Scenario("two_gateways", "two gateways, 40 clients each, share one backend (nothing shared between them)",
-             QWEN, (Phase("shared", 240, Conditions((40, 40), CHAT), ("fair", "goodput", "tpot")),)),
+    Scenario(
+        "steady_overload",
+        "80 chat clients against one backend, from the default initial limit",
+        QWEN,
+        (Phase("overload", 240, Conditions(OVERLOAD, CHAT)),),
+    ),
+    Scenario(
+        "load_steps",
+        "client load steps down below the knee and back up",
+        QWEN,
+        (
+            Phase("high", 150, Conditions(OVERLOAD, CHAT)),
+            Phase("low", 90, Conditions((12,), CHAT), ("no_drift", "goodput")),
+            Phase("high again", 150, Conditions(OVERLOAD, CHAT)),
+        ),
+    ),
+    Scenario(
+        "backend_slowdown",
+        "the backend runs 2x slower for a while, then recovers",
+        QWEN,
+        (
+            Phase("normal", 150, Conditions(OVERLOAD, CHAT)),
+            Phase("2x slower", 150, Conditions(OVERLOAD, CHAT, speed_factor=2.0)),
+            Phase("recovered", 150, Conditions(OVERLOAD, CHAT)),
+        ),
+    ),
+    Scenario(
+        "output_mix_shift",
+        "answers get 5x longer: more KV per request, the limit must not collapse",
+        QWEN,
+        (
+            Phase("short answers", 150, Conditions(OVERLOAD, SHORT)),
+            Phase("long answers", 180, Conditions(OVERLOAD, LONG)),
+        ),
+    ),
+    Scenario(
+        "tight_kv",
+        "KV cache full before the compute knee: settle below preemption onset",
+        LLAMA_TIGHT_KV,
+        (Phase("overload", 240, Conditions(OVERLOAD, CHAT), (*FULL, "below_onset")),),
+    ),
+    Scenario(
+        "error_storm",
+        "half the requests fail for 20 s, then the backend recovers",
+        QWEN,
+        (
+            Phase("normal", 120, Conditions(OVERLOAD, CHAT)),
+            Phase("storm", 20, Conditions(OVERLOAD, CHAT, error_rate=0.5), ("backs_off",)),
+            Phase("recovered", 150, Conditions(OVERLOAD, CHAT)),
+        ),
+    ),
+    Scenario(
+        "stale_metrics",
+        "the backend's /metrics freeze, last reporting a full cache: local signals only",
+        QWEN,
+        (
+            Phase("live metrics", 120, Conditions(OVERLOAD, CHAT)),
+            Phase("frozen metrics", 180, Conditions(OVERLOAD, CHAT, metrics="frozen", frozen_headroom=_STALE_ALARM)),
+        ),
+    ),
+    Scenario(
+        "idle_period",
+        "no clients at all for two minutes: the limit must not drift",
+        QWEN,
+        (
+            Phase("busy", 120, Conditions(OVERLOAD, CHAT)),
+            Phase("idle", 120, Conditions((0,), CHAT), ("no_drift",)),
+            Phase("busy again", 90, Conditions(OVERLOAD, CHAT)),
+        ),
+    ),
+    Scenario(
+        "backend_queue_noise",
+        "short answers through an HTTP hop: the backend's waiting gauge is often "
+        "non-zero between engine steps, which is not a queue",
+        QWEN,
+        (Phase("overload", 240, Conditions(OVERLOAD, TINY, hop_s=0.01), (*FULL, "quiet_queue")),),
+    ),
+    Scenario(
+        "start_from_sweep",
+        "starts at a sweep's sweet spot (with its levels), light load, then a surge",
+        QWEN,
+        (Phase("light", 16, Conditions((4,), DEMO), ("no_drift",)), Phase("surge", 150, Conditions((64,), DEMO))),
+        sweep=Conditions((64,), DEMO),
+    ),
+    Scenario(
+        "start_from_short_sweep",
+        "starts from a sweep that stopped before the curve flattened (4, 8, 16): "
+        "the sweet spot it reports is too low, and the controller climbs from it",
+        QWEN,
+        (Phase("surge", 150, Conditions((64,), DEMO), ("goodput", "tpot")),),
+        sweep=Conditions((64,), DEMO),
+        sweep_levels=(4, 8, 16),
+    ),
+    Scenario(
+        "slowdown_then_calm",
+        "the backend slows 2x and recovers, then demand drops under the sweet spot: "
+        "no creep down from readings of the slow period, nothing queued at 16 clients",
+        QWEN,
+        (
+            Phase("normal", 120, Conditions(OVERLOAD, DEMO, hop_s=0.01)),
+            Phase("2x slower", 60, Conditions(OVERLOAD, DEMO, speed_factor=2.0, hop_s=0.01), ("tpot",)),
+            Phase("recovered", 90, Conditions(OVERLOAD, DEMO, hop_s=0.01), ("goodput", "tpot", "no_creep")),
+            Phase("calm", 60, Conditions((16,), DEMO, hop_s=0.01), ("no_drift", "no_gateway_queue")),
+        ),
+        sweep=Conditions(OVERLOAD, DEMO),
+    ),
+    Scenario(
+        "two_gateways",
+        "two gateways, 40 clients each, share one backend (nothing shared between them)",
+        QWEN,
+        (Phase("shared", 240, Conditions((40, 40), CHAT), ("fair", "goodput", "tpot")),),
+    ),
     # Non-streamed and mixed traffic: the gateway sees a whole answer's tokens only when it ends, and the
     # backend's live counter as a scrape reads it.
-    Scenario("whole_steady_overload", "80 clients, none streaming, against one backend",
-             QWEN, (Phase("overload", 240, Conditions(OVERLOAD, WHOLE)),)),
-    Scenario("whole_load_steps", "non-streamed load steps down below the knee and back up",
-             QWEN, (Phase("high", 150, Conditions(OVERLOAD, WHOLE)),
-                    Phase("low", 90, Conditions((12,), WHOLE), ("no_drift", "goodput")),
-                    Phase("high again", 150, Conditions(OVERLOAD, WHOLE)))),
-    Scenario("whole_backend_slowdown", "non-streamed; the backend runs 2x slower for a while, then recovers",
-             QWEN, (Phase("normal", 150, Conditions(OVERLOAD, WHOLE)),
-                    Phase("2x slower", 150, Conditions(OVERLOAD, WHOLE, speed_factor=2.0)),
-                    Phase("recovered", 150, Conditions(OVERLOAD, WHOLE)))),
-    Scenario("whole_tight_kv", "non-streamed; KV cache full before the compute knee",
-             LLAMA_TIGHT_KV, (Phase("overload", 240, Conditions(OVERLOAD, WHOLE), (*FULL, "below_onset")),)),
-    Scenario("mixed_steady_overload", "80 clients, half of the requests streamed",
-             QWEN, (Phase("overload", 240, Conditions(OVERLOAD, MIXED)),)),
-    Scenario("mixed_two_gateways", "two gateways, 40 clients each, half of the requests streamed: each takes "
-             "its share of the backend's counter",
-             QWEN, (Phase("shared", 240, Conditions((40, 40), MIXED), ("fair", "goodput", "tpot")),)),
+    Scenario(
+        "whole_steady_overload",
+        "80 clients, none streaming, against one backend",
+        QWEN,
+        (Phase("overload", 240, Conditions(OVERLOAD, WHOLE)),),
+    ),
+    Scenario(
+        "whole_load_steps",
+        "non-streamed load steps down below the knee and back up",
+        QWEN,
+        (
+            Phase("high", 150, Conditions(OVERLOAD, WHOLE)),
+            Phase("low", 90, Conditions((12,), WHOLE), ("no_drift", "goodput")),
+            Phase("high again", 150, Conditions(OVERLOAD, WHOLE)),
+        ),
+    ),
+    Scenario(
+        "whole_backend_slowdown",
+        "non-streamed; the backend runs 2x slower for a while, then recovers",
+        QWEN,
+        (
+            Phase("normal", 150, Conditions(OVERLOAD, WHOLE)),
+            Phase("2x slower", 150, Conditions(OVERLOAD, WHOLE, speed_factor=2.0)),
+            Phase("recovered", 150, Conditions(OVERLOAD, WHOLE)),
+        ),
+    ),
+    Scenario(
+        "whole_tight_kv",
+        "non-streamed; KV cache full before the compute knee",
+        LLAMA_TIGHT_KV,
+        (Phase("overload", 240, Conditions(OVERLOAD, WHOLE), (*FULL, "below_onset")),),
+    ),
+    Scenario(
+        "mixed_steady_overload",
+        "80 clients, half of the requests streamed",
+        QWEN,
+        (Phase("overload", 240, Conditions(OVERLOAD, MIXED)),),
+    ),
+    Scenario(
+        "mixed_two_gateways",
+        "two gateways, 40 clients each, half of the requests streamed: each takes its share of the backend's counter",
+        QWEN,
+        (Phase("shared", 240, Conditions((40, 40), MIXED), ("fair", "goodput", "tpot")),),
+    ),
     # Without a live counter (llama-server counts when requests end) only the gateway's own count is left:
     # each whole answer spread over its life, a reading final once its requests ended. A step then takes
     # a request's life longer to judge, so convergence is not asserted (see docs/controller.md).
-    Scenario("whole_without_counter", "80 clients, none streaming, a backend without a live token counter "
-             "(llama-server): the gateway's own count, each answer spread over its life",
-             QWEN, (Phase("overload", 240, Conditions(OVERLOAD, WHOLE, backend_counter=False),
-                          ("goodput", "tpot")),)),
-    Scenario("mixed_without_counter", "80 clients, half of the requests streamed, a backend without a live "
-             "token counter: streamed tokens as they come, whole answers spread over their lives",
-             QWEN, (Phase("overload", 240, Conditions(OVERLOAD, MIXED, backend_counter=False),
-                          ("goodput", "tpot")),)),
-    Scenario("replicas_2", "two replicas sharing their demand and limits, 40 clients each",
-             QWEN, (Phase("shared", 240, Conditions((40, 40), CHAT), REPLICAS),), shared=True),
-    Scenario("replicas_4", "four replicas sharing their demand and limits, 20 clients each",
-             QWEN, (Phase("shared", 240, Conditions((20,) * 4, CHAT), REPLICAS),), shared=True),
-    Scenario("replicas_8", "eight replicas sharing their demand and limits, 10 clients each",
-             QWEN, (Phase("shared", 240, Conditions((10,) * 8, CHAT), REPLICAS),), shared=True),
-    Scenario("replicas_uneven", "two replicas with uneven demand, 60 and 20 clients: shares 3:1",
-             QWEN, (Phase("shared", 240, Conditions((60, 20), CHAT), REPLICAS),), shared=True),
-    Scenario("replica_joins_leaves", "two replicas, a third joins (its clients spread over three), then leaves",
-             QWEN, (Phase("two", 120, Conditions((40, 40, 0), CHAT), REPLICAS),
-                    Phase("third joins", 150, Conditions((27, 27, 26), CHAT), (*REPLICAS, "absorb"), restart=(2,)),
-                    Phase("third leaves", 150, Conditions((40, 40, 0), CHAT), (*REPLICAS, "absorb"), leave=(2,))),
-             shared=True),
+    Scenario(
+        "whole_without_counter",
+        "80 clients, none streaming, a backend without a live token counter "
+        "(llama-server): the gateway's own count, each answer spread over its life",
+        QWEN,
+        (Phase("overload", 240, Conditions(OVERLOAD, WHOLE, backend_counter=False), ("goodput", "tpot")),),
+    ),
+    Scenario(
+        "mixed_without_counter",
+        "80 clients, half of the requests streamed, a backend without a live "
+        "token counter: streamed tokens as they come, whole answers spread over their lives",
+        QWEN,
+        (Phase("overload", 240, Conditions(OVERLOAD, MIXED, backend_counter=False), ("goodput", "tpot")),),
+    ),
+    Scenario(
+        "replicas_2",
+        "two replicas sharing their demand and limits, 40 clients each",
+        QWEN,
+        (Phase("shared", 240, Conditions((40, 40), CHAT), REPLICAS),),
+        shared=True,
+    ),
+    Scenario(
+        "replicas_4",
+        "four replicas sharing their demand and limits, 20 clients each",
+        QWEN,
+        (Phase("shared", 240, Conditions((20,) * 4, CHAT), REPLICAS),),
+        shared=True,
+    ),
+    Scenario(
+        "replicas_8",
+        "eight replicas sharing their demand and limits, 10 clients each",
+        QWEN,
+        (Phase("shared", 240, Conditions((10,) * 8, CHAT), REPLICAS),),
+        shared=True,
+    ),
+    Scenario(
+        "replicas_uneven",
+        "two replicas with uneven demand, 60 and 20 clients: shares 3:1",
+        QWEN,
+        (Phase("shared", 240, Conditions((60, 20), CHAT), REPLICAS),),
+        shared=True,
+    ),
+    Scenario(
+        "replica_joins_leaves",
+        "two replicas, a third joins (its clients spread over three), then leaves",
+        QWEN,
+        (
+            Phase("two", 120, Conditions((40, 40, 0), CHAT), REPLICAS),
+            Phase("third joins", 150, Conditions((27, 27, 26), CHAT), (*REPLICAS, "absorb"), restart=(2,)),
+            Phase("third leaves", 150, Conditions((40, 40, 0), CHAT), (*REPLICAS, "absorb"), leave=(2,)),
+        ),
+        shared=True,
+    ),
 )
 
 
@@ -253,9 +377,13 @@ def _shares(limits: list[float], demands: tuple[int, ...]) -> list[tuple[int, fl
 def _absorbed(per_gateway: list[list[tuple[float, int]]], demands: tuple[int, ...], start: float) -> float | None:
     """Seconds from ``start`` to the first tick from which every gateway is within ``FAIR_SHARE`` of its
     share in at least ``IN_BAND_SHARE`` of the remaining ticks (and at that tick)."""
-    fair = [all(abs(limit - share) <= FAIR_SHARE * share
-                for _, limit, share in _shares([float(limit) for _, limit in ticks], demands))
-            for ticks in zip(*per_gateway)]
+    fair = [
+        all(
+            abs(limit - share) <= FAIR_SHARE * share
+            for _, limit, share in _shares([float(limit) for _, limit in ticks], demands)
+        )
+        for ticks in zip(*per_gateway)
+    ]
     times = [ticks[0][0] for ticks in zip(*per_gateway)]
     for i, t in enumerate(times):
         rest = fair[i:]
@@ -264,9 +392,18 @@ def _absorbed(per_gateway: list[list[tuple[float, int]]], demands: tuple[int, ..
     return None
 
 
-def run(scenario: Scenario, config: AimdConfig | None = None, *, algorithm: Callable[[], LimitAlgorithm] | None = None,
-        static_limit: int | None = None, control_interval_s: float = 2.0, scrape_interval_s: float = 2.0,
-        count_at_end: bool = False, tenancy: Tenancy | None = None, hard_cap: int | None = None) -> list[PhaseResult]:
+def run(
+    scenario: Scenario,
+    config: AimdConfig | None = None,
+    *,
+    algorithm: Callable[[], LimitAlgorithm] | None = None,
+    static_limit: int | None = None,
+    control_interval_s: float = 2.0,
+    scrape_interval_s: float = 2.0,
+    count_at_end: bool = False,
+    tenancy: Tenancy | None = None,
+    hard_cap: int | None = None,
+) -> list[PhaseResult]:
     """Simulate ``scenario`` with the controller and judge every phase against its oracle.
 
     ``algorithm`` (a factory, one per gateway) or ``static_limit`` run something else in the
@@ -281,10 +418,22 @@ def run(scenario: Scenario, config: AimdConfig | None = None, *, algorithm: Call
     start_point = None
     if scenario.sweep is not None and algorithm is None and static_limit is None:
         start_point = sweep_start(scenario.profile, scenario.sweep, config, scenario.seed, scenario.sweep_levels)
-    harness = Harness(profile, config, gateways=gateways, seed=scenario.seed, initial_limit=scenario.initial_limit,
-                      start=start_point, algorithm=algorithm, static_limit=static_limit,
-                      control_interval_s=control_interval_s, scrape_interval_s=scrape_interval_s,
-                      count_at_end=count_at_end, shared=scenario.shared, tenancy=tenancy, hard_cap=hard_cap)
+    harness = Harness(
+        profile,
+        config,
+        gateways=gateways,
+        seed=scenario.seed,
+        initial_limit=scenario.initial_limit,
+        start=start_point,
+        algorithm=algorithm,
+        static_limit=static_limit,
+        control_interval_s=control_interval_s,
+        scrape_interval_s=scrape_interval_s,
+        count_at_end=count_at_end,
+        shared=scenario.shared,
+        tenancy=tenancy,
+        hard_cap=hard_cap,
+    )
     results = []
     for phase in scenario.phases:
         start = harness.now
@@ -299,14 +448,16 @@ def run(scenario: Scenario, config: AimdConfig | None = None, *, algorithm: Call
     return results
 
 
-def _judge(scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfig, start: float, end: float,
-           before: list[int]) -> PhaseResult:
+def _judge(
+    scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfig, start: float, end: float, before: list[int]
+) -> PhaseResult:
     needs_oracle = bool(set(phase.checks) & {"converge", "goodput", "below_onset", "no_creep", "sum_in_band"})
     the_oracle = oracle(scenario.profile, phase.conditions, config, scenario.seed) if needs_oracle else None
     sweet = the_oracle.sweet_spot if the_oracle is not None else 0
     band = ((1 - BAND) * sweet, (1 + BAND) * sweet)
-    per_gateway = [[(t, limit) for t, limit in harness.trace.limits(g) if start < t <= end]
-                   for g in range(len(harness.gateways))]
+    per_gateway = [
+        [(t, limit) for t, limit in harness.trace.limits(g) if start < t <= end] for g in range(len(harness.gateways))
+    ]
     # The summed limit of the gateways that have clients: an idle one's limit holds nothing back.
     demands = phase.conditions.clients
     active = [ticks for g, ticks in enumerate(per_gateway) if demands[g] > 0] or per_gateway
@@ -322,21 +473,38 @@ def _judge(scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfi
     ratio = good / best if best > 0 else None
     tpot = tpot_p99(finished, judged_from, end)
     result = PhaseResult(
-        scenario.name, phase.name, start, end, phase.checks, the_oracle, band, per_gateway, settled, converged,
-        good, ratio, tpot, harness.trace.preemptions_between(judged_from, end),
-        ttft_p99=ttft_p99(finished, judged_from, end), clients=demands,
+        scenario.name,
+        phase.name,
+        start,
+        end,
+        phase.checks,
+        the_oracle,
+        band,
+        per_gateway,
+        settled,
+        converged,
+        good,
+        ratio,
+        tpot,
+        harness.trace.preemptions_between(judged_from, end),
+        ttft_p99=ttft_p99(finished, judged_from, end),
+        clients=demands,
     )
     failures = result.failures
     for check in phase.checks:
         if check == "converge":
             if converged is None or converged > CONVERGE_S:
-                failures.append(f"did not converge into {band[0]:.1f}-{band[1]:.1f} within {CONVERGE_S:.0f}s "
-                                f"(convergence: {converged})")
+                failures.append(
+                    f"did not converge into {band[0]:.1f}-{band[1]:.1f} within {CONVERGE_S:.0f}s "
+                    f"(convergence: {converged})"
+                )
             elif settled is None or not band[0] <= settled <= band[1]:
                 failures.append(f"settled at {settled}, outside {band[0]:.1f}-{band[1]:.1f}")
         elif check == "goodput" and ratio is not None and ratio < GOODPUT_RATIO:
             failures.append(f"goodput {good:.0f} tok/s is {ratio:.3f} x the best static ({best:.0f})")
-        elif check == "tpot" and tpot is not None and config.tpot_p99_slo_s is not None and tpot > config.tpot_p99_slo_s:
+        elif (
+            check == "tpot" and tpot is not None and config.tpot_p99_slo_s is not None and tpot > config.tpot_p99_slo_s
+        ):
             failures.append(f"p99 TPOT {tpot * 1000:.1f} ms over the {config.tpot_p99_slo_s * 1000:.0f} ms objective")
         elif check == "no_drift":
             # From the first tick with nothing queued: the previous phase's backlog may still drain.
@@ -363,23 +531,34 @@ def _judge(scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfi
             noisy = sum(1 for waiting in scraped if waiting > 0) / max(len(scraped), 1)
             if noisy < NOISY_QUEUE_SHARE:
                 failures.append(f"the backend's queue was non-empty in only {noisy:.0%} of scrapes: nothing tested")
-            cuts = [t for t in harness.trace.ticks
-                    if start < t.now <= end and t.action == "decrease" and t.reason == Reason.BACKEND_QUEUE.value]
+            cuts = [
+                t
+                for t in harness.trace.ticks
+                if start < t.now <= end and t.action == "decrease" and t.reason == Reason.BACKEND_QUEUE.value
+            ]
             if cuts:
-                failures.append(f"{len(cuts)} backend_queue decrease(s) (first at {cuts[0].now - start:.0f} s) with "
-                                f"the backend's queue non-empty in {noisy:.0%} of scrapes, max {max(scraped)}")
+                failures.append(
+                    f"{len(cuts)} backend_queue decrease(s) (first at {cuts[0].now - start:.0f} s) with "
+                    f"the backend's queue non-empty in {noisy:.0%} of scrapes, max {max(scraped)}"
+                )
         elif check == "no_creep" and the_oracle is not None:
             low = [t for t in harness.trace.ticks if judged_from <= t.now <= end and t.limit < band[0]]
             if low:
-                failures.append(f"crept under the band: limit {min(t.limit for t in low)} at {len(low)} tick(s), "
-                                f"first {low[0].now - start:.0f} s into the phase (band {band[0]:.1f}-{band[1]:.1f})")
+                failures.append(
+                    f"crept under the band: limit {min(t.limit for t in low)} at {len(low)} tick(s), "
+                    f"first {low[0].now - start:.0f} s into the phase (band {band[0]:.1f}-{band[1]:.1f})"
+                )
         elif check == "no_gateway_queue":
             queued = [t for t in harness.trace.ticks if judged_from <= t.now <= end and t.queue > 0]
             if queued:
-                failures.append(f"requests queued in the gateway at {len(queued)} tick(s) (first at "
-                                f"{queued[0].now - start:.0f} s, limit {queued[0].limit}) under a demand below the sweet spot")
+                failures.append(
+                    f"requests queued in the gateway at {len(queued)} tick(s) (first at "
+                    f"{queued[0].now - start:.0f} s, limit {queued[0].limit}) under a demand below the sweet spot"
+                )
         elif check == "fair":
-            medians = [statistics.median(limit for t, limit in ticks if t >= start + CONVERGE_S) for ticks in per_gateway]
+            medians = [
+                statistics.median(limit for t, limit in ticks if t >= start + CONVERGE_S) for ticks in per_gateway
+            ]
             for g, median, share in _shares(medians, demands):
                 if abs(median - share) > FAIR_SHARE * share:
                     failures.append(f"gateway {g} holds {median}, not within 25% of its fair share {share:.1f}")

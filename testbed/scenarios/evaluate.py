@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cache
 
 from gateway.control.config import AimdConfig
-from testbed.scenarios.harness import Conditions, Finished, Harness
 from gateway.control.window import Outcome, RequestSample, percentile
 from gateway.sim.profiles import get_profile
+from testbed.scenarios.harness import Conditions, Finished, Harness
 
 SWEET_FRACTION = 0.97
 STATIC_WARMUP_S = 20.0
@@ -48,8 +48,9 @@ def tokens_in(sample: RequestSample, start: float, end: float) -> float:
     return sample.output_tokens * overlap / (last - first)
 
 
-def goodput(finished: Iterable[Finished], start: float, end: float, config: AimdConfig,
-            gateway: int | None = None) -> tuple[float, float]:
+def goodput(
+    finished: Iterable[Finished], start: float, end: float, config: AimdConfig, gateway: int | None = None
+) -> tuple[float, float]:
     """(goodput, throughput) in output tokens/s over [start, end), optionally for one gateway."""
     good = total = 0.0
     for item in finished:
@@ -64,15 +65,21 @@ def goodput(finished: Iterable[Finished], start: float, end: float, config: Aimd
 
 
 def tpot_p99(finished: Iterable[Finished], start: float, end: float) -> float | None:
-    values = [f.sample.tpot for f in finished
-              if start <= f.sample.finished < end and f.sample.outcome is Outcome.OK and f.sample.tpot is not None]
+    values = [
+        f.sample.tpot
+        for f in finished
+        if start <= f.sample.finished < end and f.sample.outcome is Outcome.OK and f.sample.tpot is not None
+    ]
     return percentile(values, 99)  # type: ignore[arg-type]
 
 
 def ttft_p99(finished: Iterable[Finished], start: float, end: float) -> float | None:
     """p99 TTFT net of the gateway's queue (what the objective judges) of requests that finished in [start, end)."""
-    values = [f.sample.upstream_ttft for f in finished
-              if start <= f.sample.finished < end and f.sample.outcome is Outcome.OK and f.sample.upstream_ttft is not None]
+    values = [
+        f.sample.upstream_ttft
+        for f in finished
+        if start <= f.sample.finished < end and f.sample.outcome is Outcome.OK and f.sample.upstream_ttft is not None
+    ]
     return percentile(values, 99)  # type: ignore[arg-type]
 
 
@@ -102,8 +109,9 @@ def static_point(profile_name: str, conditions: Conditions, config: AimdConfig, 
     Clients start together, so the first requests run in step; the warm-up lasts until every slot
     has turned over twice (at least ``STATIC_WARMUP_S``), and the measurement at least as long, so a
     slow backend or long answers are measured in steady state too."""
-    harness = Harness(get_profile(profile_name), config, gateways=len(conditions.clients), seed=seed,
-                      static_limit=limit)
+    harness = Harness(
+        get_profile(profile_name), config, gateways=len(conditions.clients), seed=seed, static_limit=limit
+    )
     harness.run_phase(conditions, STATIC_WARMUP_S)
     while len(harness.trace.finished) < 2 * limit and harness.now < STATIC_WARMUP_LIMIT_S:
         harness.run_phase(conditions, 5.0)
@@ -112,8 +120,9 @@ def static_point(profile_name: str, conditions: Conditions, config: AimdConfig, 
     harness.run_phase(conditions, end - start)
     finished = harness.trace.finished + harness.open_requests()
     good, total = goodput(finished, start, end, config)
-    return StaticPoint(limit, good, total, harness.trace.preemptions_between(start, end),
-                       tpot_p99(finished, start, end))
+    return StaticPoint(
+        limit, good, total, harness.trace.preemptions_between(start, end), tpot_p99(finished, start, end)
+    )
 
 
 def _grid(demand: int, max_limit: int) -> list[int]:
@@ -135,15 +144,17 @@ def oracle(profile_name: str, conditions: Conditions, config: AimdConfig, seed: 
     scenarios that share conditions share the work.
     """
     single = Conditions(
-        clients=(sum(conditions.clients),), workload=replace(conditions.workload, streamed=1.0),
+        clients=(sum(conditions.clients),),
+        workload=replace(conditions.workload, streamed=1.0),
         speed_factor=conditions.speed_factor,
-        error_rate=conditions.error_rate, metrics="live",
+        error_rate=conditions.error_rate,
+        metrics="live",
     )
     objectives = AimdConfig(ttft_p99_slo_s=config.ttft_p99_slo_s, tpot_p99_slo_s=config.tpot_p99_slo_s)
     return _oracle(profile_name, single, objectives, seed, max_limit)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _oracle(profile_name: str, single: Conditions, config: AimdConfig, seed: int, max_limit: int) -> Oracle:
     measured: dict[int, StaticPoint] = {}
 
@@ -156,7 +167,7 @@ def _oracle(profile_name: str, single: Conditions, config: AimdConfig, seed: int
     for i, limit in enumerate(grid):
         measure(limit)
         best = max(measured.values(), key=lambda p: p.goodput)
-        recent = [measured[level] for level in grid[max(0, i - 2): i + 1]]
+        recent = [measured[level] for level in grid[max(0, i - 2) : i + 1]]
         if limit > best.limit and len(recent) == 3 and all(p.goodput < 0.8 * best.goodput for p in recent):
             break  # well past the cliff
     for _ in range(3):  # refine until the answer is bracketed by measured neighbours

@@ -26,10 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from gateway.control.algorithm import LimitAlgorithm, RequestObserver
-from gateway.control.knee_search.capacity import Footprint, kv_cap
 from gateway.control.config import AimdConfig, StartPoint
-from gateway.control.observation import Headroom, LimiterState
 from gateway.control.controller import UpstreamControl
+from gateway.control.knee_search.capacity import Footprint, kv_cap
+from gateway.control.observation import Headroom, LimiterState
 from gateway.control.share import Entry, Peers
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
 from gateway.server.admission.fair_queue import Discipline, FairQueue
@@ -172,8 +172,9 @@ class _Gateway:
     """A gateway's admission path for one upstream: the queue (one FIFO, or the gateway's fair queue and
     reserve with tenants), limiter, window, controller."""
 
-    def __init__(self, index: int, limit: int, window_s: float, control: UpstreamControl | None,
-                 tenancy: Tenancy | None = None) -> None:
+    def __init__(
+        self, index: int, limit: int, window_s: float, control: UpstreamControl | None, tenancy: Tenancy | None = None
+    ) -> None:
         self.index = index
         self.limit = limit
         self.inflight = 0
@@ -187,15 +188,17 @@ class _Gateway:
         self.admitted_over = 0  # admissions that took in-flight above the limit (the rules allow none)
         self.footprint: Footprint | None = None  # the last known, as ``Upstream.request_footprint`` keeps it
         if tenancy is not None:
-            self.fair = FairQueue(tenancy.classes, discipline=tenancy.discipline,
-                                  starvation_after=tenancy.starvation_after)
+            self.fair = FairQueue(
+                tenancy.classes, discipline=tenancy.discipline, starvation_after=tenancy.starvation_after
+            )
             self.reserve = Reserve(tenancy.reserve if tenancy.discipline == "fair" else 0.0)
 
     def holder(self, spec: TenantSpec) -> Tenant:
         found = self.holders.get(spec.name)
         if found is None:
-            found = self.holders[spec.name] = Tenant(spec.name, weight=spec.weight, priority=spec.cls,
-                                                     max_priority=spec.cls)
+            found = self.holders[spec.name] = Tenant(
+                spec.name, weight=spec.weight, priority=spec.cls, max_priority=spec.cls
+            )
         return found
 
     def queued(self) -> int:
@@ -271,8 +274,13 @@ class Harness:
         for g in range(gateways):
             control = None
             if static_limit is None:
-                control = UpstreamControl(f"gw{g}", config, initial_limit=initial_limit, start=start,
-                                          algorithm=None if algorithm is None else algorithm())
+                control = UpstreamControl(
+                    f"gw{g}",
+                    config,
+                    initial_limit=initial_limit,
+                    start=start,
+                    algorithm=None if algorithm is None else algorithm(),
+                )
             limit = static_limit if static_limit is not None else control.limit  # type: ignore[union-attr]
             self.gateways.append(_Gateway(g, limit, config.window_s, control, tenancy))
         self.trace = Trace()
@@ -336,9 +344,13 @@ class Harness:
         out = []
         for request in self._by_sid.values():
             sample = RequestSample(
-                arrived=request.arrived, admitted=request.admitted, finished=self.now,
-                first_token=request.first_token, prompt_tokens=request.prompt,
-                output_tokens=request.tokens, outcome=Outcome.OK,
+                arrived=request.arrived,
+                admitted=request.admitted,
+                finished=self.now,
+                first_token=request.first_token,
+                prompt_tokens=request.prompt,
+                output_tokens=request.tokens,
+                outcome=Outcome.OK,
             )
             out.append(Finished(request.gateway, sample, None if request.tenant is None else request.tenant.name))
         return out
@@ -414,17 +426,22 @@ class Harness:
             request.tenant.inflight -= 1
             gw.reserve.settle(request.tenant)
         sample = RequestSample(
-            arrived=request.arrived, admitted=request.admitted, finished=self.now,
-            first_token=request.first_token, prompt_tokens=request.prompt,
-            output_tokens=request.tokens, outcome=outcome,
+            arrived=request.arrived,
+            admitted=request.admitted,
+            finished=self.now,
+            first_token=request.first_token,
+            prompt_tokens=request.prompt,
+            output_tokens=request.tokens,
+            outcome=outcome,
         )
         # What the gateway sees of a whole answer: no first token, every token at the end.
         seen = sample if request.streamed else replace(sample, first_token=None, streamed=False)
         gw.window.add(seen)
         if request.open_key is not None:
             gw.window.closed(request.open_key)
-        self.trace.finished.append(Finished(request.gateway, sample,
-                                            None if request.tenant is None else request.tenant.name))
+        self.trace.finished.append(
+            Finished(request.gateway, sample, None if request.tenant is None else request.tenant.name)
+        )
         if gw.control is not None and isinstance(gw.control.algorithm, RequestObserver):
             gw.limit = gw.control.algorithm.on_request(self.now, seen, request.inflight_at_admit, gw.inflight)
         self._busy[request.gateway].discard(request.client)
@@ -470,8 +487,10 @@ class Harness:
         counter = self.conditions is None or self.conditions.backend_counter
         if mode == "live":
             self._headroom = Headroom(
-                kv_usage=engine.kv_usage, backend_running=engine.num_running,
-                backend_waiting=engine.num_waiting, preemptions_total=float(engine.num_preemptions),
+                kv_usage=engine.kv_usage,
+                backend_running=engine.num_running,
+                backend_waiting=engine.num_waiting,
+                preemptions_total=float(engine.num_preemptions),
                 generation_tokens_total=float(engine.generation_tokens_total) if counter else None,
                 generation_tokens_live=counter,
                 backend_at=self.now,
@@ -509,8 +528,13 @@ class Harness:
         """Gateway ``g`` starts afresh (a new pod, or one restarted): a new controller at the initial
         limit, nothing measured, nothing on the board until its first tick."""
         gw = self.gateways[g]
-        gw.control = UpstreamControl(f"gw{g}", self.config, initial_limit=self._initial_limit, start=self._start,
-                                     algorithm=None if self._algorithm is None else self._algorithm())
+        gw.control = UpstreamControl(
+            f"gw{g}",
+            self.config,
+            initial_limit=self._initial_limit,
+            start=self._start,
+            algorithm=None if self._algorithm is None else self._algorithm(),
+        )
         gw.limit = gw.control.limit
         gw.window = SlidingWindow(self.config.window_s)
         gw.footprint = None
@@ -534,7 +558,10 @@ class Harness:
             self._read_backend()  # as the gateway does when it meters by the backend's counter
         if gw.control is not None:
             decision = gw.control.tick(
-                self.now, gw.window, limiter, self._headroom,
+                self.now,
+                gw.window,
+                limiter,
+                self._headroom,
                 hard_cap=self.hard_cap if self.hard_cap is not None else self._kv_cap(gw),
                 tokens_total=gw.window.tokens_total if self.count_at_end else None,
                 peers=self._peers(g, gw),

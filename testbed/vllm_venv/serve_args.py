@@ -24,13 +24,17 @@ def main(argv: list[str]) -> int:
     root = FlexibleArgumentParser(prog="vllm")
     parser = ServeSubcommand().subparser_init(root.add_subparsers(dest="subparser"))
     args = parser.parse_args(argv)  # exits 2 with argparse's message on an unknown option
-    deprecated = sorted({action.dest for action in getattr(parser, "_deprecated", ())
-                         if getattr(args, action.dest, action.default) != action.default})
+    deprecated = sorted(
+        {
+            action.dest
+            for action in getattr(parser, "_deprecated", ())
+            if getattr(args, action.dest, action.default) != action.default
+        }
+    )
     options = {key: value for key, value in vars(args).items() if isinstance(value, (str, int, float, bool))}
     model_tag = getattr(args, "model_tag", None)
     model = model_tag if model_tag is not None else args.model  # what `vllm serve` itself does with the two
-    print(json.dumps({"model_tag": model_tag, "model": model,
-                      "deprecated": deprecated, "options": options}))
+    print(json.dumps({"model_tag": model_tag, "model": model, "deprecated": deprecated, "options": options}))
     return 0
 
 

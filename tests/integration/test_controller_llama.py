@@ -88,7 +88,9 @@ async def test_controller_settles_at_the_slots_with_the_best_static_throughput(g
         return (await load(gateways[name], seconds=MEASURE_S, warmup_s=WARMUP_S, on_tick=watch)).tokens_per_s
 
     comparison = await rotated_rounds(list(gateways), ROUNDS, run)
-    report = f"limit while converging {limits}, at the end {converged_at}, while measured {settled}; {comparison.report()}"
+    report = (
+        f"limit while converging {limits}, at the end {converged_at}, while measured {settled}; {comparison.report()}"
+    )
     print(report)
 
     assert settled and max(settled) <= SLOTS, report

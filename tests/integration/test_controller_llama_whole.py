@@ -56,14 +56,17 @@ async def test_controller_holds_whole_answers_at_the_best_static_throughput(gate
     settled: list[int] = []
 
     async def run(name: str) -> float:
-        watch_settled = (lambda: settled.append(int(upstream_state(controller)["limit"]))) \
-            if name == "controller" else None
+        watch_settled = (
+            (lambda: settled.append(int(upstream_state(controller)["limit"]))) if name == "controller" else None
+        )
         return (await load(gateways[name], seconds=MEASURE_S, warmup_s=WARMUP_S, on_tick=watch_settled)).tokens_per_s
 
     comparison = await rotated_rounds(list(gateways), ROUNDS, run)
     curve = upstream_state(controller)["controller"]["algorithm"]["curve"]
-    report = (f"limit while converging {limits}, at the end {converged_at} (metered by "
-              f"{algorithm['tokens_source']}), while measured {settled}; curve {curve}; {comparison.report()}")
+    report = (
+        f"limit while converging {limits}, at the end {converged_at} (metered by "
+        f"{algorithm['tokens_source']}), while measured {settled}; curve {curve}; {comparison.report()}"
+    )
     print(report)
 
     assert algorithm["tokens_source"] == "gateway", report  # llama-server's counter moves only as requests end

@@ -42,7 +42,8 @@ OBJECTIVES = {"SWEETSPOT_TTFT_P99_SLO_S": "4"}
 pytestmark = pytest.mark.skipif(
     compute_dtype() is not None,
     reason="no native bfloat16 on this CPU (AVX512-BF16 or AMX): KNEE is about 4x too slow here for the test's "
-           "time scale and objectives (docs/vllm.md, 'On a CPU without native bfloat16')")
+    "time scale and objectives (docs/vllm.md, 'On a CPU without native bfloat16')",
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +60,12 @@ def budget(module_processes, config) -> Budget:
 
 
 @pytest.mark.timeout(600)
-async def test_controller_holds_streams_below_preemption_at_the_best_static_limit(module_processes, config,
-                                                                                 budget) -> None:
+async def test_controller_holds_streams_below_preemption_at_the_best_static_limit(
+    module_processes, config, budget
+) -> None:
     outcome = await compare(module_processes, config.base_url, budget, streamed=True, pace=PACE, env=OBJECTIVES)
-    print(f"ratios {outcome.ratio}, per run {outcome.runs}, limits measured {sorted(set(outcome.limit_measured))}, "
-          f"preemptions {outcome.preemptions}, limit changes {outcome.limit_changes}")
+    print(
+        f"ratios {outcome.ratio}, per run {outcome.runs}, limits measured {sorted(set(outcome.limit_measured))}, "
+        f"preemptions {outcome.preemptions}, limit changes {outcome.limit_changes}"
+    )
     assert not outcome.failed(), f"not met: {outcome.failed()}\n{json.dumps(asdict(outcome), indent=1)}"

@@ -19,8 +19,12 @@ CHAT = [{"role": "user", "content": "hi"}]
 
 
 def post(url: str, body: dict, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"content-type": "application/json", **(headers or {})})
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"content-type": "application/json", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as resp:
             return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
@@ -39,8 +43,11 @@ def error_of(payload: bytes) -> dict:
 
 
 def sse_events(payload: bytes) -> list[dict]:
-    return [json.loads(line[5:]) for line in payload.decode().split("\n")
-            if line.startswith("data:") and line.strip() != "data: [DONE]"]
+    return [
+        json.loads(line[5:])
+        for line in payload.decode().split("\n")
+        if line.startswith("data:") and line.strip() != "data: [DONE]"
+    ]
 
 
 def inflight(gw: str) -> int:
@@ -49,8 +56,9 @@ def inflight(gw: str) -> int:
 
 def gateway(processes, upstreams: list[FaultUpstream], **env: str) -> str:
     settings = {f"SWEETSPOT_{key.upper()}": value for key, value in env.items()}
-    return start_gateway(processes, [u.url for u in upstreams], "--no-control", "--initial-limit", "4",
-                         env=settings).url
+    return start_gateway(
+        processes, [u.url for u in upstreams], "--no-control", "--initial-limit", "4", env=settings
+    ).url
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -74,8 +82,11 @@ def test_a_kept_connection_closed_under_the_next_request_is_resent_and_delivered
             status, _, payload = chat(gw)
             assert status == 200, payload
             assert upstream.deliveries == done
-        resent = metric_value(f"{gw}/metrics", "sweetspot_upstream_retries_total",
-                              {"upstream": upstream.url, "reason": "stale_connection"})
+        resent = metric_value(
+            f"{gw}/metrics",
+            "sweetspot_upstream_retries_total",
+            {"upstream": upstream.url, "reason": "stale_connection"},
+        )
         assert resent is not None and resent >= 5
 
 
@@ -92,8 +103,11 @@ def test_a_refused_connection_fails_over_and_the_request_is_read_once(processes)
 @pytest.mark.parametrize("refusal", [503, 429])
 def test_a_refusal_fails_over_at_most_once(processes, refusal: int) -> None:
     """An explicit 503/429 means "not run": one other upstream is tried, never a third."""
-    with fault_upstream(f"status:{refusal}") as a, fault_upstream(f"status:{refusal}") as b, \
-            fault_upstream(f"status:{refusal}") as c:
+    with (
+        fault_upstream(f"status:{refusal}") as a,
+        fault_upstream(f"status:{refusal}") as b,
+        fault_upstream(f"status:{refusal}") as c,
+    ):
         gw = gateway(processes, [a, b, c])
         for sent in range(1, 5):
             status, headers, payload = chat(gw)
@@ -109,8 +123,14 @@ def test_a_refusal_fails_over_at_most_once(processes, refusal: int) -> None:
 
 def test_a_hung_upstream_times_out_releases_its_permit_and_is_taken_out(processes) -> None:
     with fault_upstream("hang") as hung:
-        gw = gateway(processes, [hung], upstream_timeout_s="1", first_token_timeout_s="1",
-                     upstream_timeouts_to_down="3", health_hold_s="60")
+        gw = gateway(
+            processes,
+            [hung],
+            upstream_timeout_s="1",
+            first_token_timeout_s="1",
+            upstream_timeouts_to_down="3",
+            health_hold_s="60",
+        )
         for stream in (False, True, False):
             status, _, payload = chat(gw, stream=stream)
             assert status == 504 and error_of(payload)["code"] == "upstream_timeout"
@@ -121,8 +141,9 @@ def test_a_hung_upstream_times_out_releases_its_permit_and_is_taken_out(processe
         # /health still answers, yet the poll does not bring it back within the hold
         status, headers, _ = chat(gw)
         assert status == 503 and headers.get("retry-after")
-        outcomes = metric_value(f"{gw}/metrics", "sweetspot_upstream_requests_total",
-                                {"upstream": hung.url, "outcome": "timed_out"})
+        outcomes = metric_value(
+            f"{gw}/metrics", "sweetspot_upstream_requests_total", {"upstream": hung.url, "outcome": "timed_out"}
+        )
         assert outcomes == 3
 
 
@@ -153,8 +174,12 @@ def test_a_client_that_closes_at_done_had_the_whole_answer_and_is_counted_ok(pro
         gw = gateway(processes, [upstream])
         address = urllib.parse.urlsplit(gw)
         conn = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
-        conn.request("POST", "/v1/chat/completions", json.dumps({"model": MODEL, "messages": CHAT, "stream": True}),
-                     {"content-type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            json.dumps({"model": MODEL, "messages": CHAT, "stream": True}),
+            {"content-type": "application/json"},
+        )
         reply = conn.getresponse()
         assert reply.status == 200
         while (line := reply.readline()) and line.strip() != b"data: [DONE]":
@@ -164,7 +189,10 @@ def test_a_client_that_closes_at_done_had_the_whole_answer_and_is_counted_ok(pro
         conn.close()
         assert wait_for(lambda: inflight(gw) == 0, timeout=LINGER_S / 2)
         assert time.monotonic() - closed_at < LINGER_S / 2
-        outcomes = {outcome: metric_value(f"{gw}/metrics", "sweetspot_upstream_requests_total",
-                                          {"upstream": upstream.url, "outcome": outcome})
-                    for outcome in ("ok", "client_cancelled")}
+        outcomes = {
+            outcome: metric_value(
+                f"{gw}/metrics", "sweetspot_upstream_requests_total", {"upstream": upstream.url, "outcome": outcome}
+            )
+            for outcome in ("ok", "client_cancelled")
+        }
         assert outcomes == {"ok": 1.0, "client_cancelled": None}, outcomes

@@ -46,13 +46,27 @@ def _children(pid: int) -> set[int]:
 
 def test_quick_demo_runs_to_the_end_without_a_terminal(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    proc = subprocess.run([*DEMO, "--out", str(out), "--print-every", "2"], stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300, text=True)
+    proc = subprocess.run(
+        [*DEMO, "--out", str(out), "--print-every", "2"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=300,
+        text=True,
+    )
     text = proc.stdout
     assert proc.returncode == 0, text[-4000:]
     assert not ANSI.search(text), "plain output expected without a terminal (no colours, no cursor moves)"
-    for expected in ("simulator listening on", "sweet spot:", "gateway listening on", "phase 1/5: light",
-                     "phase 3/5: slow backend", "where the controller held", "result:", "files:"):
+    for expected in (
+        "simulator listening on",
+        "sweet spot:",
+        "gateway listening on",
+        "phase 1/5: light",
+        "phase 3/5: slow backend",
+        "where the controller held",
+        "result:",
+        "files:",
+    ):
         assert expected in text, f"{expected!r} missing from the demo's output:\n{text[-4000:]}"
 
     doc = json.loads((out / "demo.json").read_text())
@@ -97,9 +111,14 @@ def test_ctrl_c_stops_every_child_process(tmp_path: Path) -> None:
     # one sweep level: the sweep's answer does not matter here, only that both children are running
     # Ctrl-C as at a terminal: a suite started in the background by a non-interactive shell inherits SIGINT
     # ignored, and a Python started with it ignored never turns it into KeyboardInterrupt.
-    proc = subprocess.Popen([*DEMO, "--levels", "8", "--out", str(out)], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [*DEMO, "--levels", "8", "--out", str(out)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 180
         log = out / "gateway.log"

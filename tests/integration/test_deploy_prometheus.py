@@ -57,8 +57,10 @@ LIMIT = 2
 def tool(name: str) -> str:
     found = shutil.which(name)
     if found is None:
-        pytest.fail(f"`{name}` is not on PATH: run `make prometheus` (scripts/install-prometheus.sh installs "
-                    f"Debian's prometheus package); these tests need a real Prometheus.")
+        pytest.fail(
+            f"`{name}` is not on PATH: run `make prometheus` (scripts/install-prometheus.sh installs "
+            f"Debian's prometheus package); these tests need a real Prometheus."
+        )
     return found
 
 
@@ -93,8 +95,9 @@ class Stack:
 def prometheus_config(sim_url: str, gateway_url: str) -> dict[str, Any]:
     """deploy/prometheus/prometheus.yml with loopback targets, 1 s intervals and an absolute rule path."""
     config = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
-    config["global"].update(scrape_interval=f"{SCRAPE_S}s", scrape_timeout=f"{SCRAPE_S}s",
-                            evaluation_interval=f"{SCRAPE_S}s")
+    config["global"].update(
+        scrape_interval=f"{SCRAPE_S}s", scrape_timeout=f"{SCRAPE_S}s", evaluation_interval=f"{SCRAPE_S}s"
+    )
     config["rule_files"] = [str(PROM_DIR / f) for f in config["rule_files"]]
     targets = {"sweetspot": gateway_url, "vllm": sim_url}
     assert {job["job_name"] for job in config["scrape_configs"]} == set(targets)
@@ -115,13 +118,18 @@ async def drive_load(base_url: str, load: Counter[str]) -> None:
                 await client.completions.create(model=model, prompt="Count to ten:", max_tokens=12)
             elif i % 2:
                 stream = await client.chat.completions.create(
-                    model=model, messages=[{"role": "user", "content": f"Say something, {i}."}], max_tokens=16,
-                    stream=True, stream_options={"include_usage": True})
+                    model=model,
+                    messages=[{"role": "user", "content": f"Say something, {i}."}],
+                    max_tokens=16,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
                 async for _ in stream:
                     pass
             else:
                 await client.chat.completions.create(
-                    model=model, messages=[{"role": "user", "content": f"Say something, {i}."}], max_tokens=16)
+                    model=model, messages=[{"role": "user", "content": f"Say something, {i}."}], max_tokens=16
+                )
             load["ok"] += 1
             return True
         except openai.APIStatusError as exc:
@@ -157,30 +165,62 @@ def wait_for(what: str, check: Any, timeout: float = 60.0) -> Any:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prometheus = tool("prometheus")
     tmp = tmp_path_factory.mktemp("prometheus")
-    with start_process(sweetspot("sim", "--host", "127.0.0.1", "--port", "0", "--time-scale", "2"),
-                       ready_pattern=LISTENING, ready_url="{url}/health") as sim:
+    with start_process(
+        sweetspot("sim", "--host", "127.0.0.1", "--port", "0", "--time-scale", "2"),
+        ready_pattern=LISTENING,
+        ready_url="{url}/health",
+    ) as sim:
         # A short real sweep of the simulator, handed to the gateway as the docs describe, so the sweep's
         # reference series (sweet spot, peak tokens/s) exist as they do in a deployment that ran one.
         sweep = subprocess.run(
-            sweetspot("sweep", "--url", sim.url, "--levels", "1,2,4", "--requests", "8", "--prompt-len", "32",
-                      "--output-len", "16", "--quiet", "--out", str(tmp / "sweep")),
-            capture_output=True, text=True, timeout=180)
+            sweetspot(
+                "sweep",
+                "--url",
+                sim.url,
+                "--levels",
+                "1,2,4",
+                "--requests",
+                "8",
+                "--prompt-len",
+                "32",
+                "--output-len",
+                "16",
+                "--quiet",
+                "--out",
+                str(tmp / "sweep"),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert sweep.returncode == 0, f"sweetspot sweep failed:\n{sweep.stdout}{sweep.stderr}"
         env = {
             # Settings by environment only, exactly as the container gets them.
-            "SWEETSPOT_HOST": "127.0.0.1", "SWEETSPOT_PORT": "0", "SWEETSPOT_UPSTREAMS": sim.url,
-            "SWEETSPOT_BACKEND": "vllm", "SWEETSPOT_INITIAL_LIMIT": str(LIMIT), "SWEETSPOT_LIMIT_MAX": str(LIMIT),
-            "SWEETSPOT_MAX_QUEUE": str(MAX_QUEUE), "SWEETSPOT_QUEUE_TIMEOUT_S": "60",
-            "SWEETSPOT_CONTROL_INTERVAL_S": "0.5", "SWEETSPOT_METRICS_INTERVAL_S": "0.5",
-            "SWEETSPOT_HEALTH_INTERVAL_S": "0.5", "SWEETSPOT_SWEEP_RESULT": str(tmp / "sweep" / "sweep.json"),
+            "SWEETSPOT_HOST": "127.0.0.1",
+            "SWEETSPOT_PORT": "0",
+            "SWEETSPOT_UPSTREAMS": sim.url,
+            "SWEETSPOT_BACKEND": "vllm",
+            "SWEETSPOT_INITIAL_LIMIT": str(LIMIT),
+            "SWEETSPOT_LIMIT_MAX": str(LIMIT),
+            "SWEETSPOT_MAX_QUEUE": str(MAX_QUEUE),
+            "SWEETSPOT_QUEUE_TIMEOUT_S": "60",
+            "SWEETSPOT_CONTROL_INTERVAL_S": "0.5",
+            "SWEETSPOT_METRICS_INTERVAL_S": "0.5",
+            "SWEETSPOT_HEALTH_INTERVAL_S": "0.5",
+            "SWEETSPOT_SWEEP_RESULT": str(tmp / "sweep" / "sweep.json"),
         }
         with start_process(sweetspot("serve"), env=env, ready_pattern=LISTENING, ready_url="{url}/readyz") as gateway:
             config = tmp / "prometheus.yml"
             config.write_text(yaml.safe_dump(prometheus_config(sim.url, gateway.url), sort_keys=False))
             port = free_port()
             prom_url = f"http://127.0.0.1:{port}"
-            cmd = [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
-                   f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+            cmd = [
+                prometheus,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ]
             with start_process(cmd, ready_url=f"{prom_url}/-/ready", timeout=60) as prom:
                 s = Stack(sim, gateway, prom, prom_url, config)
                 with urllib.request.urlopen(f"{sim.url}/v1/models", timeout=10) as resp:
@@ -192,7 +232,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 def scraped_after_load() -> bool:
                     targets = s.api("targets")["data"]["activeTargets"]
                     return len(targets) == 2 and all(
-                        t["health"] == "up" and _ts(t["lastScrape"]) > loaded + SCRAPE_S for t in targets)
+                        t["health"] == "up" and _ts(t["lastScrape"]) > loaded + SCRAPE_S for t in targets
+                    )
 
                 def rules_evaluated() -> bool:
                     rules = [r for g in s.api("rules")["data"]["groups"] for r in g["rules"]]
@@ -215,6 +256,7 @@ def _ts(rfc3339: str) -> float:
 
 # ---- the expressions under test -----------------------------------------------------------------
 
+
 def dashboard() -> dict[str, Any]:
     return json.loads(DASHBOARD.read_text())
 
@@ -235,8 +277,12 @@ def rule_expressions() -> list[tuple[str, str]]:
 
 def grafana(expr: str, upstream: str) -> str:
     """Replace Grafana's template variables the way Grafana would before sending the query."""
-    for var, value in (("$__rate_interval", RATE_WINDOW), ("$__interval", f"{SCRAPE_S}s"),
-                       ("${upstream}", upstream), ("$upstream", upstream)):
+    for var, value in (
+        ("$__rate_interval", RATE_WINDOW),
+        ("$__interval", f"{SCRAPE_S}s"),
+        ("${upstream}", upstream),
+        ("$upstream", upstream),
+    ):
         expr = expr.replace(var, value)
     assert "$" not in expr, f"unreplaced template variable in {expr!r}"
     return expr
@@ -272,6 +318,7 @@ def finite_series(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 # ---- tests --------------------------------------------------------------------------------------
 
+
 def test_load_queued_and_was_rejected(stack: Stack) -> None:
     """The scraped numbers are the client's numbers: what Prometheus holds is this load, not an accident."""
     assert stack.load["ok"] > 0 and stack.load["429"] > 0, stack.load
@@ -284,19 +331,27 @@ def test_load_queued_and_was_rejected(stack: Stack) -> None:
 
 def test_gateway_series_follow_the_conventions(stack: Stack) -> None:
     """Standard process and GC series, the event-loop lag, queue wait for every outcome, a model label."""
-    for expr in ('process_cpu_seconds_total{job="sweetspot"}', 'process_resident_memory_bytes{job="sweetspot"}',
-                 'python_gc_collections_total{job="sweetspot"}', "sweetspot_event_loop_lag_seconds",
-                 "sweetspot_event_loop_lag_distribution_seconds_count"):
+    for expr in (
+        'process_cpu_seconds_total{job="sweetspot"}',
+        'process_resident_memory_bytes{job="sweetspot"}',
+        'python_gc_collections_total{job="sweetspot"}',
+        "sweetspot_event_loop_lag_seconds",
+        "sweetspot_event_loop_lag_distribution_seconds_count",
+    ):
         assert finite_series(stack.query(expr)), f"no {expr}"
-    by_outcome = {s["metric"]["outcome"]: float(s["value"][1]) for s in finite_series(
-        stack.query("sum by (outcome) (sweetspot_queue_wait_seconds_count)"))}
+    by_outcome = {
+        s["metric"]["outcome"]: float(s["value"][1])
+        for s in finite_series(stack.query("sum by (outcome) (sweetspot_queue_wait_seconds_count)"))
+    }
     assert by_outcome["rejected"] == stack.load["429"], by_outcome  # every 429 was a (zero-length) wait too
     assert by_outcome["admitted"] >= stack.load["ok"], by_outcome
-    priorities = {s["metric"]["priority"] for s in finite_series(
-        stack.query("sum by (priority) (sweetspot_queue_wait_seconds_count)"))}
+    priorities = {
+        s["metric"]["priority"]
+        for s in finite_series(stack.query("sum by (priority) (sweetspot_queue_wait_seconds_count)"))
+    }
     assert priorities == {"standard"}  # the load sent no priority header: the default class
     model = stack.sim_model
-    served = finite_series(stack.query(f'sum by (model) (sweetspot_requests_total{{status="200"}})'))
+    served = finite_series(stack.query('sum by (model) (sweetspot_requests_total{status="200"})'))
     assert [s["metric"].get("model") for s in served] == [model]
     assert finite_series(stack.query(f'sweetspot_output_tokens_total{{model="{model}"}}'))
     assert finite_series(stack.query(f'sweetspot_request_output_tokens_count{{model="{model}"}}'))
@@ -326,8 +381,13 @@ def test_every_request_left_one_json_access_line(stack: Stack) -> None:
     statuses = Counter("ok" if line["status"] == 200 else str(line["status"]) for line in lines)
     assert statuses == stack.load
     served = [line for line in lines if line["status"] == 200]
-    assert all(line["upstream"] == stack.sim.url and line["output_tokens"] > 0 and line["e2e_s"] > 0
-               and line["model"] == stack.sim_model for line in served)
+    assert all(
+        line["upstream"] == stack.sim.url
+        and line["output_tokens"] > 0
+        and line["e2e_s"] > 0
+        and line["model"] == stack.sim_model
+        for line in served
+    )
     refused = [line for line in lines if line["status"] == 429]
     assert all(line["reason"] == "queue_full" and line["upstream"] is None for line in refused)
 
@@ -371,17 +431,26 @@ def test_rules_are_loaded_and_healthy(stack: Stack) -> None:
     rejection = rules["SweetspotRejectionRateHigh"]
     assert rejection["state"] == "pending", rejection
     # Healthy upstream, fresh backend metrics: those alerts stay quiet.
-    for quiet in ("SweetspotUpstreamUnhealthy", "SweetspotNoHealthyUpstream", "SweetspotGatewayDown", "VllmDown",
-                  "SweetspotBackendMetricsStale", "SweetspotGatewayTargetAbsent", "SweetspotUpstreamErrorRatioHigh"):
+    for quiet in (
+        "SweetspotUpstreamUnhealthy",
+        "SweetspotNoHealthyUpstream",
+        "SweetspotGatewayDown",
+        "VllmDown",
+        "SweetspotBackendMetricsStale",
+        "SweetspotGatewayTargetAbsent",
+        "SweetspotUpstreamErrorRatioHigh",
+    ):
         assert rules[quiet]["state"] == "inactive", rules[quiet]
 
 
 def test_promtool_checks_the_config_and_the_rules(stack: Stack) -> None:
     promtool = tool("promtool")
-    for args in (["check", "config", str(PROM_DIR / "prometheus.yml")],
-                 ["check", "config", str(stack.config)],
-                 ["check", "rules", str(PROM_DIR / "sweetspot-alerts.yml")],
-                 ["test", "rules", str(PROM_DIR / "tests" / "sweetspot-alerts.test.yml")]):
+    for args in (
+        ["check", "config", str(PROM_DIR / "prometheus.yml")],
+        ["check", "config", str(stack.config)],
+        ["check", "rules", str(PROM_DIR / "sweetspot-alerts.yml")],
+        ["test", "rules", str(PROM_DIR / "tests" / "sweetspot-alerts.test.yml")],
+    ):
         result = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, f"promtool {' '.join(args)}:\n{result.stdout}{result.stderr}"
 

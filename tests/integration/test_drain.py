@@ -12,8 +12,8 @@ import urllib.request
 
 import httpx
 
-from testbed.gateway import get_json, start_gateway, start_sim
 from testbed.fault_upstream import wait_for
+from testbed.gateway import get_json, start_gateway, start_sim
 
 CHAT = [{"role": "user", "content": "tell me a long story"}]
 
@@ -37,8 +37,9 @@ def stream_events(gw: str, model: str, max_tokens: int) -> list[dict]:
 
 def status_of(url: str, body: dict | None = None) -> tuple[int, dict[str, str], dict]:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        url, data=data, method="GET" if body is None else "POST", headers={"content-type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as resp:
             return resp.status, {k.lower(): v for k, v in resp.headers.items()}, json.loads(resp.read())
@@ -63,13 +64,22 @@ def in_background(target, count: int) -> tuple[list[threading.Thread], dict[int,
 
 def test_sigterm_lets_running_streams_finish_and_refuses_new_and_queued_work(processes) -> None:
     sim = start_sim(processes, time_scale=1.0)
-    proc = start_gateway(processes, [sim.url], "--no-control", "--initial-limit", "16", "--max-queue", "8",
-                         env={"SWEETSPOT_DRAIN_TIMEOUT_S": "120"})
+    proc = start_gateway(
+        processes,
+        [sim.url],
+        "--no-control",
+        "--initial-limit",
+        "16",
+        "--max-queue",
+        "8",
+        env={"SWEETSPOT_DRAIN_TIMEOUT_S": "120"},
+    )
     gw, model = proc.url, model_of(sim.url)
     streams, streamed = in_background(lambda: stream_events(gw, model, 160), 16)
     assert wait_for(lambda: get_json(f"{gw}/state")["upstreams"][0]["inflight"] == 16, 30)
     queued, refused = in_background(
-        lambda: status_of(f"{gw}/v1/chat/completions", {"model": model, "messages": CHAT, "max_tokens": 4}), 8)
+        lambda: status_of(f"{gw}/v1/chat/completions", {"model": model, "messages": CHAT, "max_tokens": 4}), 8
+    )
     assert wait_for(lambda: get_json(f"{gw}/state")["queue"]["depth"] == 8, 30)
 
     proc.popen.send_signal(signal.SIGTERM)

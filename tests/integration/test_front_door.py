@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from testbed.fault_upstream import MODEL, FaultUpstream, fault_upstream, wait_for
+from testbed.fault_upstream import MODEL, FaultUpstream, fault_upstream
 from testbed.gateway import start_gateway
 
 KEY, ADMIN = "client-key", "admin-key"
@@ -28,8 +28,14 @@ def upstream() -> Iterator[FaultUpstream]:
 
 @pytest.fixture(scope="module")
 def gateway(module_processes, upstream: FaultUpstream):  # type: ignore[no-untyped-def]
-    env = {"SWEETSPOT_API_KEYS": KEY, "SWEETSPOT_ADMIN_API_KEY": ADMIN, "SWEETSPOT_MAX_CONNECTIONS": "24",
-           "SWEETSPOT_MAX_HEADER_BYTES": "16384", "SWEETSPOT_REQUEST_READ_TIMEOUT_S": "1", "SWEETSPOT_MAX_N": "4"}
+    env = {
+        "SWEETSPOT_API_KEYS": KEY,
+        "SWEETSPOT_ADMIN_API_KEY": ADMIN,
+        "SWEETSPOT_MAX_CONNECTIONS": "24",
+        "SWEETSPOT_MAX_HEADER_BYTES": "16384",
+        "SWEETSPOT_REQUEST_READ_TIMEOUT_S": "1",
+        "SWEETSPOT_MAX_N": "4",
+    }
     return start_gateway(module_processes, [upstream.url], "--no-control", env=env)
 
 
@@ -38,13 +44,17 @@ def address(url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or 80
 
 
-def request(url: str, method: str, path: str, body: bytes | None = None,
-            headers: dict[str, str | bytes] | None = None) -> tuple[int, dict[str, str], bytes]:
+def request(
+    url: str, method: str, path: str, body: bytes | None = None, headers: dict[str, str | bytes] | None = None
+) -> tuple[int, dict[str, str], bytes]:
     conn = http.client.HTTPConnection(*address(url), timeout=30)
     try:
         conn.putrequest(method, path)
-        for name, value in {"content-type": "application/json", "authorization": f"Bearer {KEY}",
-                            **(headers or {})}.items():
+        for name, value in {
+            "content-type": "application/json",
+            "authorization": f"Bearer {KEY}",
+            **(headers or {}),
+        }.items():
             conn.putheader(name, value)
         if body is not None:
             conn.putheader("content-length", str(len(body)))
@@ -126,8 +136,10 @@ def test_a_connection_that_sends_nothing_is_closed(gateway) -> None:
 
 
 def test_a_body_sent_too_slowly_gets_408(gateway) -> None:
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            f"authorization: Bearer {KEY}\r\ncontent-length: 100\r\n\r\n").encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {KEY}\r\ncontent-length: 100\r\n\r\n"
+    ).encode()
     answer = raw(gateway.url, head + b'{"model":')
     assert status_line(answer) == 408 and body_of(answer)["error"]["code"] == "request_timeout"
 
@@ -150,7 +162,7 @@ def _closed_with(sock: socket.socket) -> int | None:
     sock.settimeout(0.2)
     try:
         data = sock.recv(4096)
-    except socket.timeout:
+    except TimeoutError:
         return None
     return status_line(data) if data else None
 

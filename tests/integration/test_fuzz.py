@@ -41,8 +41,9 @@ def check(case: schemathesis.Case, gw: str, model: str) -> None:
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"])
 @pytest.mark.parametrize("mode", list(schemathesis.GenerationMode), ids=lambda mode: mode.value)
-def test_no_request_gets_a_5xx_and_every_error_is_openai_shaped(target: tuple[str, str], path: str,
-                                                                mode: schemathesis.GenerationMode) -> None:
+def test_no_request_gets_a_5xx_and_every_error_is_openai_shaped(
+    target: tuple[str, str], path: str, mode: schemathesis.GenerationMode
+) -> None:
     """Bodies schemathesis draws from each route's schema (``positive``) and from its violations
     (``negative``), driven through hypothesis directly (schemathesis's pytest plugin does not run on this
     pytest)."""

@@ -19,15 +19,22 @@ from testbed.gateway import get_json, metric_value, start_gateway, start_sim
 GATE = {"SWEETSPOT_CONTROL_INTERVAL_S": "0.05", "SWEETSPOT_METRICS_INTERVAL_S": "0.05"}
 
 
-@pytest.mark.parametrize(("value", "why"), [
-    ("nomodule", "is not of the form 'module:factory'"),
-    ("testbed.nothing_here:Gate", "cannot import 'testbed.nothing_here'"),
-    ("gateway.control.baselines.threshold:NoGate", "has no attribute 'NoGate'"),
-    ("gateway.control.baselines.static:StaticLimit", "calling it with no arguments failed"),
-])
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("nomodule", "is not of the form 'module:factory'"),
+        ("testbed.nothing_here:Gate", "cannot import 'testbed.nothing_here'"),
+        ("gateway.control.baselines.threshold:NoGate", "has no attribute 'NoGate'"),
+        ("gateway.control.baselines.static:StaticLimit", "calling it with no arguments failed"),
+    ],
+)
 def test_a_bad_algorithm_exits_2_with_one_line(value: str, why: str) -> None:
-    done = subprocess.run(sweetspot("serve", "--upstream", "http://127.0.0.1:9", "--port", "0", "--algorithm", value),
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        sweetspot("serve", "--upstream", "http://127.0.0.1:9", "--port", "0", "--algorithm", value),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and why in lines[0] and "Traceback" not in done.stderr, done.stderr
@@ -43,9 +50,17 @@ def load(gateway: str, model: str, clients: int, seconds: float, max_tokens: int
         client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="x", max_retries=0)
         while time.monotonic() < stop:
             try:
-                chunks = sum(1 for chunk in client.completions.create(
-                    model=model, prompt="x" * 64, max_tokens=max_tokens, stream=True,
-                    extra_body={"ignore_eos": True}) if chunk.choices and chunk.choices[0].text)
+                chunks = sum(
+                    1
+                    for chunk in client.completions.create(
+                        model=model,
+                        prompt="x" * 64,
+                        max_tokens=max_tokens,
+                        stream=True,
+                        extra_body={"ignore_eos": True},
+                    )
+                    if chunk.choices and chunk.choices[0].text
+                )
                 done.append(chunks)
             except Exception as exc:  # noqa: BLE001 - collected and asserted below
                 errors.append(exc)
@@ -61,8 +76,11 @@ def load(gateway: str, model: str, clients: int, seconds: float, max_tokens: int
 
 def test_every_request_end_reaches_the_algorithm_and_its_limit_holds(processes) -> None:
     sim = start_sim(processes, time_scale=8.0).url
-    gw = start_gateway(processes, [sim], env={"SWEETSPOT_ALGORITHM": "testbed.algorithms:Counting",
-                                              "SWEETSPOT_CONTROL_INTERVAL_S": "0.2"}).url
+    gw = start_gateway(
+        processes,
+        [sim],
+        env={"SWEETSPOT_ALGORITHM": "testbed.algorithms:Counting", "SWEETSPOT_CONTROL_INTERVAL_S": "0.2"},
+    ).url
     model = openai.OpenAI(base_url=f"{sim}/v1", api_key="x").models.list().data[0].id
     done = load(gw, model, clients=8, seconds=4)
     state = get_json(f"{gw}/state")["upstreams"][0]
@@ -82,7 +100,9 @@ def test_the_threshold_gate_opens_for_demand_and_shuts_on_the_backends_queue(pro
     """The simulator runs at most 4 requests at once: with 24 clients the open gate lets everyone in, the
     backend queues 20 of them itself, and the gate (waiting >= 5) shuts until enough have ended."""
     sim = start_sim(processes, "--max-num-seqs", "4", time_scale=4.0).url
-    proc = start_gateway(processes, [sim], env={**GATE, "SWEETSPOT_ALGORITHM": "gateway.control.baselines.threshold:ThresholdGate"})
+    proc = start_gateway(
+        processes, [sim], env={**GATE, "SWEETSPOT_ALGORITHM": "gateway.control.baselines.threshold:ThresholdGate"}
+    )
     gw = proc.url
     model = openai.OpenAI(base_url=f"{sim}/v1", api_key="x").models.list().data[0].id
     limits: list[int] = []

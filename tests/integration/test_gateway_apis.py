@@ -79,18 +79,22 @@ def test_messages_api_whole_and_streamed(gateway, llama) -> None:
     assert text and final.usage.output_tokens >= 1
     produced = whole.usage.output_tokens + final.usage.output_tokens
     assert predicted(llama.url) - before_llama == produced == gateway_tokens(gateway.url) - before_gw
-    requests = metric_value(f"{gateway.url}/metrics", "sweetspot_requests_total",
-                            {"route": "/v1/messages", "status": "200"})
+    requests = metric_value(
+        f"{gateway.url}/metrics", "sweetspot_requests_total", {"route": "/v1/messages", "status": "200"}
+    )
     assert requests is not None and requests >= 2
 
 
 def test_light_routes_answer_as_the_backend_does(gateway, llama) -> None:
-    assert post(f"{gateway.url}/tokenize", {"content": "hello world"}) == post(f"{llama.url}/tokenize",
-                                                                                {"content": "hello world"})
+    assert post(f"{gateway.url}/tokenize", {"content": "hello world"}) == post(
+        f"{llama.url}/tokenize", {"content": "hello world"}
+    )
     through = anthropic.Anthropic(base_url=gateway.url, api_key="x", max_retries=0)
     direct = anthropic.Anthropic(base_url=llama.url, api_key="x", max_retries=0)
-    assert (through.messages.count_tokens(model=MODEL, messages=MESSAGE).input_tokens
-            == direct.messages.count_tokens(model=MODEL, messages=MESSAGE).input_tokens)
+    assert (
+        through.messages.count_tokens(model=MODEL, messages=MESSAGE).input_tokens
+        == direct.messages.count_tokens(model=MODEL, messages=MESSAGE).input_tokens
+    )
 
 
 def test_other_backend_routes_stay_closed(gateway) -> None:
@@ -107,8 +111,9 @@ def test_a_conversation_continues_on_the_upstream_that_holds_it(processes) -> No
     for _ in range(3):  # three conversations: they start on whichever upstream is freer
         previous = None
         for turn in range(4):
-            reply = client.responses.create(model=model, input=f"turn {turn}", max_output_tokens=4,
-                                            previous_response_id=previous)
+            reply = client.responses.create(
+                model=model, input=f"turn {turn}", max_output_tokens=4, previous_response_id=previous
+            )
             previous = reply.id
         assert client.responses.retrieve(previous).id == previous
     with pytest.raises(openai.NotFoundError):
@@ -137,22 +142,33 @@ def test_each_sdk_retries_the_gateways_429_on_its_own_terms(processes) -> None:
     rejected = metric_value(f"{gw}/metrics", "sweetspot_rejections_total", {"reason": "queue_full"}) or 0.0
     with pytest.raises(anthropic.RateLimitError) as refused:
         anthropic.Anthropic(base_url=gw, api_key="x", max_retries=1).messages.create(
-            model=model, max_tokens=4, messages=MESSAGE)
+            model=model, max_tokens=4, messages=MESSAGE
+        )
     assert refused.value.body["type"] == "error" and refused.value.body["error"]["type"] == "rate_limit_error"
     assert refused.value.response.headers["retry-after"]
     with pytest.raises(openai.RateLimitError):
         openai.OpenAI(base_url=f"{gw}/v1", api_key="x", max_retries=1).responses.create(
-            model=model, input="hi", max_output_tokens=4)
+            model=model, input="hi", max_output_tokens=4
+        )
     after = metric_value(f"{gw}/metrics", "sweetspot_rejections_total", {"reason": "queue_full"})
     assert after == rejected + 4  # each SDK asked twice: once, then once more after Retry-After
 
 
 @pytest.mark.parametrize("api", ["responses", "messages"])
 async def test_the_sweep_measures_these_apis_too(gateway, api: str) -> None:
-    config = SweepConfig(url=gateway.url, api=api, levels=(2,), requests_per_level=8,  # type: ignore[arg-type]
-                         workload=Workload(api=api, prompt_len=parse_length(16),  # type: ignore[arg-type]
-                                           output_len=parse_length(16)),
-                         slo=SLO(), early_stop=False)
+    config = SweepConfig(
+        url=gateway.url,
+        api=api,
+        levels=(2,),
+        requests_per_level=8,  # type: ignore[arg-type]
+        workload=Workload(
+            api=api,
+            prompt_len=parse_length(16),  # type: ignore[arg-type]
+            output_len=parse_length(16),
+        ),
+        slo=SLO(),
+        early_stop=False,
+    )
     level = (await run_sweep(config)).levels[0]
     assert level.completed > 0 and not level.failed, level.error_samples
     assert level.token_counting == "usage" and level.output_tokens_per_s > 0
@@ -160,8 +176,9 @@ async def test_the_sweep_measures_these_apis_too(gateway, api: str) -> None:
 
 
 def test_a_listed_passthrough_path_reaches_the_backend(module_processes, llama) -> None:
-    gw = start_gateway(module_processes, [llama.url], "--no-control",
-                       env={"SWEETSPOT_PASSTHROUGH_PATHS": "/slots,/props"}).url
+    gw = start_gateway(
+        module_processes, [llama.url], "--no-control", env={"SWEETSPOT_PASSTHROUGH_PATHS": "/slots,/props"}
+    ).url
     slots = httpx.get(f"{gw}/slots", timeout=30)
     direct = httpx.get(f"{llama.url}/slots", timeout=30).json()
     assert slots.status_code == 200 and [s["id"] for s in slots.json()] == [s["id"] for s in direct]
@@ -175,11 +192,13 @@ def test_rerank_and_score_take_a_permit_and_are_measured(processes) -> None:
     sim = start_sim(processes, time_scale=20.0)
     gw = start_gateway(processes, [sim.url], "--no-control").url
     model = str(get_json(f"{sim.url}/v1/models")["data"][0]["id"])
-    ranked = httpx.post(f"{gw}/v1/rerank", json={"model": model, "query": "cats", "documents": ["dogs", "cats"]},
-                        timeout=30).json()
+    ranked = httpx.post(
+        f"{gw}/v1/rerank", json={"model": model, "query": "cats", "documents": ["dogs", "cats"]}, timeout=30
+    ).json()
     assert sorted(r["index"] for r in ranked["results"]) == [0, 1] and ranked["usage"]["total_tokens"] > 0
-    scored = httpx.post(f"{gw}/v1/score", json={"model": model, "text_1": "cats", "text_2": ["dogs", "cats"]},
-                        timeout=30).json()
+    scored = httpx.post(
+        f"{gw}/v1/score", json={"model": model, "text_1": "cats", "text_2": ["dogs", "cats"]}, timeout=30
+    ).json()
     assert len(scored["data"]) == 2
     missing = httpx.post(f"{gw}/v1/rerank", json={"model": model, "query": "cats"}, timeout=30)
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "documents"

@@ -11,26 +11,49 @@ from pathlib import Path
 
 import openai
 
-from testbed.gateway import get_json, metric_value, start_gateway, start_sim
 from gateway.common.processes import sweetspot
+from testbed.gateway import get_json, metric_value, start_gateway, start_sim
 
 CHAT = [{"role": "user", "content": "x" * 400}]
-FAST = {"SWEETSPOT_CONTROL_INTERVAL_S": "0.5", "SWEETSPOT_SETTLE_S": "0.5", "SWEETSPOT_MEASURE_S": "1.5",
-        "SWEETSPOT_WINDOW_S": "4", "SWEETSPOT_HEALTH_INTERVAL_S": "0.5"}
+FAST = {
+    "SWEETSPOT_CONTROL_INTERVAL_S": "0.5",
+    "SWEETSPOT_SETTLE_S": "0.5",
+    "SWEETSPOT_MEASURE_S": "1.5",
+    "SWEETSPOT_WINDOW_S": "4",
+    "SWEETSPOT_HEALTH_INTERVAL_S": "0.5",
+}
 
 
 def test_starts_at_the_sweep_result_and_controls_under_load(processes, tmp_path: Path) -> None:
     sim = start_sim(processes, time_scale=4.0).url
     sweep = subprocess.run(
-        sweetspot("sweep", "--url", sim, "--levels", "1,4,8", "--requests", "8", "--prompt-len", "64",
-                  "--output-len", "32", "--quiet", "--out", str(tmp_path / "sweep")),
-        capture_output=True, text=True, timeout=240)
+        sweetspot(
+            "sweep",
+            "--url",
+            sim,
+            "--levels",
+            "1,4,8",
+            "--requests",
+            "8",
+            "--prompt-len",
+            "64",
+            "--output-len",
+            "32",
+            "--quiet",
+            "--out",
+            str(tmp_path / "sweep"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     result = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     spot = result["sweet_spot"]["concurrency"]
 
-    gw_proc = start_gateway(processes, [sim], "--sweep-result", str(tmp_path / "sweep" / "sweep.json"),
-                            "--log-level", "info", env=FAST)
+    gw_proc = start_gateway(
+        processes, [sim], "--sweep-result", str(tmp_path / "sweep" / "sweep.json"), "--log-level", "info", env=FAST
+    )
     gw = gw_proc.url
     state = get_json(f"{gw}/state")["upstreams"][0]
     assert state["controller"]["start"]["limit"] == spot
@@ -45,8 +68,9 @@ def test_starts_at_the_sweep_result_and_controls_under_load(processes, tmp_path:
         client = openai.OpenAI(base_url=f"{gw}/v1", api_key="x", max_retries=0)
         while time.monotonic() < stop:
             try:
-                for _ in client.chat.completions.create(model=model, messages=CHAT, max_tokens=64, stream=True,
-                                                        extra_body={"ignore_eos": True}):
+                for _ in client.chat.completions.create(
+                    model=model, messages=CHAT, max_tokens=64, stream=True, extra_body={"ignore_eos": True}
+                ):
                     pass
             except Exception as exc:  # noqa: BLE001 - collected and asserted below
                 errors.append(exc)

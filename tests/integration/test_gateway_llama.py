@@ -23,9 +23,9 @@ import httpx
 import openai
 import pytest
 
+from gateway.common.processes import RunningProcess
 from testbed.gateway import assert_openai_error, get, get_json, metric_value, start_gateway, wait_for
 from testbed.llama import MODEL, free_port, llama_config, start_llama_server
-from gateway.common.processes import RunningProcess
 
 SLOTS = 4
 EMBED_MODEL = "tiny-embed"
@@ -46,7 +46,9 @@ def llama(module_processes) -> RunningProcess:
 def embed(module_processes) -> RunningProcess:
     # Its own alias: llama-server started with --embeddings still serves completions, so with the chat
     # server's alias the gateway would (rightly) send chat requests to it as well.
-    config = dataclasses.replace(llama_config(parallel=2, threads=THREADS, embeddings=True, pooling="mean"), alias=EMBED_MODEL)
+    config = dataclasses.replace(
+        llama_config(parallel=2, threads=THREADS, embeddings=True, pooling="mean"), alias=EMBED_MODEL
+    )
     return start_llama_server(module_processes, config)
 
 
@@ -56,8 +58,13 @@ def gateway(module_processes, llama, embed) -> str:
 
 
 def sdk(base: str, **kwargs) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=kwargs.pop("max_retries", 0),
-                         timeout=kwargs.pop("timeout", 120), **kwargs)
+    return openai.OpenAI(
+        base_url=f"{base}/v1",
+        api_key="unused",
+        max_retries=kwargs.pop("max_retries", 0),
+        timeout=kwargs.pop("timeout", 120),
+        **kwargs,
+    )
 
 
 def busy_slots(llama_url: str) -> int:
@@ -69,8 +76,12 @@ def upstream_state(gateway: str, url: str) -> dict:
 
 
 def outcomes(gateway: str, upstream: str, outcome: str) -> float:
-    return metric_value(f"{gateway}/metrics", "sweetspot_upstream_requests_total",
-                        {"upstream": upstream, "outcome": outcome}) or 0.0
+    return (
+        metric_value(
+            f"{gateway}/metrics", "sweetspot_upstream_requests_total", {"upstream": upstream, "outcome": outcome}
+        )
+        or 0.0
+    )
 
 
 # --- models and routing ----------------------------------------------------------------------------------------------
@@ -110,7 +121,7 @@ def test_generation_has_exact_length_and_usage(gateway, api: str, stream: bool) 
         reply = create(**kwargs)
         choice = reply.choices[0]
         assert choice.finish_reason == "length"
-        assert (choice.message.content if api == "chat" else choice.text)
+        assert choice.message.content if api == "chat" else choice.text
         assert reply.usage.completion_tokens == n and reply.usage.prompt_tokens > 0
         return
     pieces, finish, usage = [], None, []
@@ -152,14 +163,17 @@ def llama_counts(url: str) -> tuple[float, float]:
     it reused from a slot's cache; usage counts every prompt token, so the two counters are added."""
     metrics = f"{url}/metrics"
     prompt = (metric_value(metrics, "llamacpp:prompt_tokens_total") or 0.0) + (
-        metric_value(metrics, "llamacpp:prompt_tokens_cached_total") or 0.0)
+        metric_value(metrics, "llamacpp:prompt_tokens_cached_total") or 0.0
+    )
     return prompt, metric_value(metrics, "llamacpp:tokens_predicted_total") or 0.0
 
 
 def gateway_counts(gateway: str, upstream: str) -> tuple[float, float]:
     metrics = f"{gateway}/metrics"
-    return (metric_value(metrics, "sweetspot_prompt_tokens_total", {"upstream": upstream}) or 0.0,
-            metric_value(metrics, "sweetspot_output_tokens_total", {"upstream": upstream}) or 0.0)
+    return (
+        metric_value(metrics, "sweetspot_prompt_tokens_total", {"upstream": upstream}) or 0.0,
+        metric_value(metrics, "sweetspot_output_tokens_total", {"upstream": upstream}) or 0.0,
+    )
 
 
 def test_usage_counted_by_the_gateway_equals_llama_servers_own(llama, gateway) -> None:
@@ -168,19 +182,25 @@ def test_usage_counted_by_the_gateway_equals_llama_servers_own(llama, gateway) -
     client = sdk(gateway)
     usages = []
     for n, stream in [(7, False), (11, True), (1, False), (19, True)]:
-        kwargs = dict(model=MODEL, messages=[{"role": "user", "content": f"Count {n} words."}], max_tokens=n,
-                      extra_body={"ignore_eos": True})
+        kwargs = dict(
+            model=MODEL,
+            messages=[{"role": "user", "content": f"Count {n} words."}],
+            max_tokens=n,
+            extra_body={"ignore_eos": True},
+        )
         if stream:
-            chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True},
-                                                         **kwargs))
+            chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
             usages += [c.usage for c in chunks if c.usage is not None]
         else:
             usages.append(client.chat.completions.create(**kwargs).usage)
     completion = client.completions.create(model=MODEL, prompt="The end", max_tokens=5, extra_body={"ignore_eos": True})
     usages.append(completion.usage)
     # A stream whose client did not ask for usage is counted all the same (the gateway asked for it).
-    unasked = list(client.completions.create(model=MODEL, prompt="The end", max_tokens=9, stream=True,
-                                             extra_body={"ignore_eos": True}))
+    unasked = list(
+        client.completions.create(
+            model=MODEL, prompt="The end", max_tokens=9, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
     assert sum(1 for c in unasked for choice in c.choices if choice.text) == 9
 
     expected_prompt = sum(u.prompt_tokens for u in usages) + completion.usage.prompt_tokens  # same prompt
@@ -189,8 +209,10 @@ def test_usage_counted_by_the_gateway_equals_llama_servers_own(llama, gateway) -
 
     def deltas() -> tuple[tuple[float, float], tuple[float, float]]:
         lc, gc = llama_counts(llama.url), gateway_counts(gateway, llama.url)
-        return ((lc[0] - llama_before[0], lc[1] - llama_before[1]),
-                (gc[0] - gateway_before[0], gc[1] - gateway_before[1]))
+        return (
+            (lc[0] - llama_before[0], lc[1] - llama_before[1]),
+            (gc[0] - gateway_before[0], gc[1] - gateway_before[1]),
+        )
 
     wanted = (expected_prompt, expected_output)
     wait_for(lambda: deltas() == (wanted, wanted), 10, f"llama-server and gateway both counting {wanted}", 0.1)
@@ -203,8 +225,9 @@ def test_usage_counted_by_the_gateway_equals_llama_servers_own(llama, gateway) -
 def test_client_hang_up_mid_stream_frees_the_slot_and_the_permit(llama, gateway) -> None:
     wait_for(lambda: busy_slots(llama.url) == 0, 30, "llama-server idle before the test")
     cancelled_before = outcomes(gateway, llama.url, "client_cancelled")
-    stream = sdk(gateway).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=LONG, stream=True,
-                                             extra_body={"ignore_eos": True})
+    stream = sdk(gateway).completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=LONG, stream=True, extra_body={"ignore_eos": True}
+    )
     received = 0
     for chunk in stream:
         received += sum(1 for choice in chunk.choices if choice.text)
@@ -255,8 +278,14 @@ async def test_burst_of_mixed_requests_loses_nothing(llama, gateway) -> None:
     assert results == [n for _, _, n in plan]
     assert outcomes(gateway, llama.url, "ok") - ok_before == len(plan)
     assert outcomes(gateway, llama.url, "upstream_error") == 0
-    retries = metric_value(f"{gateway}/metrics", "sweetspot_upstream_retries_total",
-                           {"upstream": llama.url, "reason": "stale_connection"}) or 0.0
+    retries = (
+        metric_value(
+            f"{gateway}/metrics",
+            "sweetspot_upstream_retries_total",
+            {"upstream": llama.url, "reason": "stale_connection"},
+        )
+        or 0.0
+    )
     print(f"stale-connection resends so far: {retries:.0f}")
 
 
@@ -270,8 +299,9 @@ async def test_many_concurrent_streams_on_a_fast_server_lose_nothing(processes) 
     from testbed.llama_process import NEAR_FREE_ALIAS, NEAR_FREE_MODEL
     from testbed.tiny_gguf import ensure_model
 
-    config = dataclasses.replace(llama_config(parallel=32, threads=1), model=ensure_model(NEAR_FREE_MODEL),
-                                 alias=NEAR_FREE_ALIAS)
+    config = dataclasses.replace(
+        llama_config(parallel=32, threads=1), model=ensure_model(NEAR_FREE_MODEL), alias=NEAR_FREE_ALIAS
+    )
     upstream = start_llama_server(processes, config).url
     gateway = start_gateway(processes, [upstream], "--no-control", "--initial-limit", "32").url
     body = {"model": NEAR_FREE_ALIAS, "messages": CHAT, "max_tokens": 32, "ignore_eos": True, "stream": True}
@@ -302,10 +332,10 @@ def test_llama_server_killed_mid_stream_then_restarted(processes) -> None:
     port = free_port()
     config = llama_config(port=port, parallel=2, threads=THREADS)
     server = start_llama_server(processes, config)
-    gateway = start_gateway(processes, [config.base_url], "--no-control", "--initial-limit", "2",
-                            env=FAST_HEALTH).url
-    stream = sdk(gateway).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=LONG, stream=True,
-                                             extra_body={"ignore_eos": True})
+    gateway = start_gateway(processes, [config.base_url], "--no-control", "--initial-limit", "2", env=FAST_HEALTH).url
+    stream = sdk(gateway).completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=LONG, stream=True, extra_body={"ignore_eos": True}
+    )
     received = 0
     with pytest.raises(openai.APIError) as err:
         for chunk in stream:
@@ -319,8 +349,11 @@ def test_llama_server_killed_mid_stream_then_restarted(processes) -> None:
     wait_for(lambda: upstream_state(gateway, config.base_url)["inflight"] == 0, 5, "the permit released")
     assert outcomes(gateway, config.base_url, "upstream_error") == 1
     # The gateway stays ready (it answers, with 503 + Retry-After below); /readyz reports the upstream down.
-    status, body = wait_for(lambda: (r := get(f"{gateway}/readyz"))[1]["any_upstream_healthy"] is False and r, 10,
-                            "/readyz reporting the upstream down")
+    status, body = wait_for(
+        lambda: (r := get(f"{gateway}/readyz"))[1]["any_upstream_healthy"] is False and r,
+        10,
+        "/readyz reporting the upstream down",
+    )
     assert status == 200 and body["ready"] is True and body["upstreams"]["upstream-1"]["error"]  # named, not by URL
     with pytest.raises(openai.InternalServerError) as refused:
         sdk(gateway).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
@@ -330,11 +363,15 @@ def test_llama_server_killed_mid_stream_then_restarted(processes) -> None:
 
     start_llama_server(processes, config)  # the same port again
     wait_for(lambda: get(f"{gateway}/readyz")[1]["any_upstream_healthy"], 30, "/readyz seeing the upstream back")
-    reply = sdk(gateway).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=3,
-                                                 extra_body={"ignore_eos": True})
+    reply = sdk(gateway).chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=3, extra_body={"ignore_eos": True}
+    )
     assert reply.usage.completion_tokens == 3
-    streamed = list(sdk(gateway).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=3, stream=True,
-                                                         extra_body={"ignore_eos": True}))
+    streamed = list(
+        sdk(gateway).chat.completions.create(
+            model=MODEL, messages=CHAT, max_tokens=3, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
     assert sum(1 for c in streamed for choice in c.choices if choice.delta.content) == 3
 
 
@@ -344,14 +381,23 @@ def test_requests_while_llama_server_loads_are_retried_by_the_sdk_until_it_serve
     (it allocates and clears the KV cache), long enough to send a request into it for certain."""
     port = free_port()
     config = llama_config(port=port, parallel=1, ctx_per_slot=32768, threads=THREADS)
-    gateway = start_gateway(processes, [config.base_url], "--no-control", "--initial-limit", "1", env=FAST_HEALTH,
-                            ready=False).url
+    gateway = start_gateway(
+        processes, [config.base_url], "--no-control", "--initial-limit", "1", env=FAST_HEALTH, ready=False
+    ).url
     server = start_llama_server(processes, config, ready=False)
-    status, body = wait_for(lambda: (r := get_quietly(f"{config.base_url}/health")) and r[0] == 503 and r, 60,
-                            "llama-server answering 503 while it loads", 0.005)
+    status, body = wait_for(
+        lambda: (r := get_quietly(f"{config.base_url}/health")) and r[0] == 503 and r,
+        60,
+        "llama-server answering 503 while it loads",
+        0.005,
+    )
     assert body == {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
-    wait_for(lambda: "answered 503" in str(get(f"{gateway}/readyz")[1]["upstreams"]["upstream-1"]["error"]), 10,
-             "the gateway seeing the loading state", 0.005)
+    wait_for(
+        lambda: "answered 503" in str(get(f"{gateway}/readyz")[1]["upstreams"]["upstream-1"]["error"]),
+        10,
+        "the gateway seeing the loading state",
+        0.005,
+    )
 
     answers: list[httpx.Response] = []
 

@@ -42,8 +42,9 @@ def model_of(base: str) -> str:
 
 
 def raw_post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict, dict]:
-    request = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"content-type": "application/json", **(headers or {})})
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"content-type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as resp:
             return resp.status, dict(resp.headers), json.loads(resp.read())
@@ -61,6 +62,7 @@ def assert_openai_error(body: dict) -> dict:
 
 # --- transparency --------------------------------------------------------------------------------
 
+
 def test_models_are_the_upstreams(sim, gateway) -> None:
     assert [m.id for m in client(gateway).models.list().data] == [m.id for m in client(sim).models.list().data]
 
@@ -73,12 +75,22 @@ def test_chat_content_identical_to_direct(sim, gateway, stream) -> None:
         kwargs = dict(model=model, messages=CHAT, max_tokens=24, extra_body={"ignore_eos": True})
         if stream:
             chunks = list(client(base).chat.completions.create(stream=True, **kwargs))
-            outputs.append(("".join(c.choices[0].delta.content or "" for c in chunks if c.choices),
-                            [c.choices[0].finish_reason for c in chunks if c.choices][-1]))
+            outputs.append(
+                (
+                    "".join(c.choices[0].delta.content or "" for c in chunks if c.choices),
+                    [c.choices[0].finish_reason for c in chunks if c.choices][-1],
+                )
+            )
         else:
             reply = client(base).chat.completions.create(**kwargs)
-            outputs.append((reply.choices[0].message.content, reply.choices[0].finish_reason,
-                            reply.usage.completion_tokens, reply.usage.prompt_tokens))
+            outputs.append(
+                (
+                    reply.choices[0].message.content,
+                    reply.choices[0].finish_reason,
+                    reply.usage.completion_tokens,
+                    reply.usage.prompt_tokens,
+                )
+            )
     assert outputs[0] == outputs[1]
     assert outputs[0][1] == "length"
 
@@ -87,8 +99,9 @@ def test_completions_stream_identical_to_direct(sim, gateway) -> None:
     model = model_of(sim)
     texts = []
     for base in (sim, gateway):
-        chunks = client(base).completions.create(model=model, prompt="Once upon a time", max_tokens=16,
-                                                 stream=True, extra_body={"ignore_eos": True})
+        chunks = client(base).completions.create(
+            model=model, prompt="Once upon a time", max_tokens=16, stream=True, extra_body={"ignore_eos": True}
+        )
         texts.append("".join(c.choices[0].text for c in chunks if c.choices))
     assert texts[0] == texts[1] and texts[0]
 
@@ -128,8 +141,9 @@ def test_streaming_is_not_buffered(sim, gateway) -> None:
     """The first chunk reaches the client long before the generation ends."""
     model = model_of(sim)
     started = time.perf_counter()
-    stream = client(gateway).chat.completions.create(model=model, messages=CHAT, max_tokens=400, stream=True,
-                                                     extra_body={"ignore_eos": True})
+    stream = client(gateway).chat.completions.create(
+        model=model, messages=CHAT, max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+    )
     first = None
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
@@ -147,21 +161,23 @@ def test_streams_keep_their_connection_once_the_backend_is_recognised_as_vllm(ga
         time.sleep(0.1)
     model = model_of(sim)
     for _ in range(5):
-        chunks = client(gateway).chat.completions.create(model=model, messages=CHAT, max_tokens=8, stream=True,
-                                                         extra_body={"ignore_eos": True})
+        chunks = client(gateway).chat.completions.create(
+            model=model, messages=CHAT, max_tokens=8, stream=True, extra_body={"ignore_eos": True}
+        )
         assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) == 8
 
 
 def test_metrics_count_requests_tokens_and_latency(gateway, sim) -> None:
     model = model_of(sim)
-    client(gateway).chat.completions.create(model=model, messages=CHAT, max_tokens=5, stream=True,
-                                            extra_body={"ignore_eos": True}).close()
-    for _ in client(gateway).chat.completions.create(model=model, messages=CHAT, max_tokens=5, stream=True,
-                                                     extra_body={"ignore_eos": True}):
+    client(gateway).chat.completions.create(
+        model=model, messages=CHAT, max_tokens=5, stream=True, extra_body={"ignore_eos": True}
+    ).close()
+    for _ in client(gateway).chat.completions.create(
+        model=model, messages=CHAT, max_tokens=5, stream=True, extra_body={"ignore_eos": True}
+    ):
         pass
     metrics = f"{gateway}/metrics"
-    assert metric_value(metrics, "sweetspot_requests_total",
-                        {"route": "/v1/chat/completions", "status": "200"}) >= 1
+    assert metric_value(metrics, "sweetspot_requests_total", {"route": "/v1/chat/completions", "status": "200"}) >= 1
     assert metric_value(metrics, "sweetspot_output_tokens_total", {"upstream": sim}) >= 5
     assert metric_value(metrics, "sweetspot_ttft_seconds_count", {"upstream": sim}) >= 1
     assert metric_value(metrics, "sweetspot_limit", {"upstream": sim}) == 16
@@ -170,10 +186,12 @@ def test_metrics_count_requests_tokens_and_latency(gateway, sim) -> None:
 
 # --- overload ------------------------------------------------------------------------------------
 
+
 def _hold_slot(base: str, model: str, tokens: int) -> threading.Thread:
     def run() -> None:
-        for _ in client(base).chat.completions.create(model=model, messages=CHAT, max_tokens=tokens, stream=True,
-                                                      extra_body={"ignore_eos": True}):
+        for _ in client(base).chat.completions.create(
+            model=model, messages=CHAT, max_tokens=tokens, stream=True, extra_body={"ignore_eos": True}
+        ):
             pass
 
     thread = threading.Thread(target=run, daemon=True)
@@ -237,8 +255,9 @@ def test_client_gone_while_queued_never_reaches_the_upstream(processes) -> None:
 
     async def queued_then_gone() -> None:
         async with httpx.AsyncClient(timeout=30) as http:
-            task = asyncio.ensure_future(http.post(f"{gw}/v1/chat/completions",
-                                                   json={"model": model, "messages": CHAT, "max_tokens": 2}))
+            task = asyncio.ensure_future(
+                http.post(f"{gw}/v1/chat/completions", json={"model": model, "messages": CHAT, "max_tokens": 2})
+            )
             for _ in range(100):
                 await asyncio.sleep(0.02)
                 if get_json(f"{gw}/state")["queue"]["depth"] == 1:
@@ -266,8 +285,10 @@ def test_client_gone_while_sending_its_body_never_reaches_the_upstream(processes
     gw = start_gateway(processes, [sim], "--no-control").url
     host, port = gw.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as conn:
-        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 4000\r\n\r\n" + b'{"model": "m", "messages": [' + b" " * 500)
+        conn.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 4000\r\n\r\n" + b'{"model": "m", "messages": [' + b" " * 500
+        )
         time.sleep(0.2)  # the gateway is reading the body now
     labels = {"route": "/v1/chat/completions", "status": "499"}
     deadline = time.monotonic() + 10
@@ -283,8 +304,9 @@ def test_client_hangup_mid_stream_aborts_upstream_and_frees_the_permit(processes
     sim = start_sim(processes, time_scale=1.0).url
     gw = start_gateway(processes, [sim], "--initial-limit", "4", "--no-control").url
     model = model_of(sim)
-    stream = client(gw).chat.completions.create(model=model, messages=CHAT, max_tokens=2000, stream=True,
-                                                extra_body={"ignore_eos": True})
+    stream = client(gw).chat.completions.create(
+        model=model, messages=CHAT, max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
+    )
     for index, _ in enumerate(stream):
         if index == 5:
             break
@@ -299,8 +321,12 @@ def test_client_hangup_mid_stream_aborts_upstream_and_frees_the_permit(processes
         time.sleep(0.05)
     assert running == 0, "the simulator still runs the abandoned sequence"
     assert get_json(f"{gw}/state")["upstreams"][0]["inflight"] == 0
-    assert metric_value(f"{gw}/metrics", "sweetspot_upstream_requests_total",
-                        {"upstream": sim, "outcome": "client_cancelled"}) == 1
+    assert (
+        metric_value(
+            f"{gw}/metrics", "sweetspot_upstream_requests_total", {"upstream": sim, "outcome": "client_cancelled"}
+        )
+        == 1
+    )
 
 
 def test_upstream_killed_mid_stream_gives_an_error_event(processes) -> None:
@@ -309,7 +335,8 @@ def test_upstream_killed_mid_stream_gives_an_error_event(processes) -> None:
     gw = start_gateway(processes, [sim], "--initial-limit", "4", "--no-control").url
     model = model_of(sim)
     stream = client(gw, max_retries=0).chat.completions.create(
-        model=model, messages=CHAT, max_tokens=2000, stream=True, extra_body={"ignore_eos": True})
+        model=model, messages=CHAT, max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
+    )
     received = 0
     started = time.monotonic()
     with pytest.raises(openai.APIError) as info:
@@ -321,8 +348,12 @@ def test_upstream_killed_mid_stream_gives_an_error_event(processes) -> None:
     assert received >= 3
     assert "upstream" in str(info.value.message)
     assert get_json(f"{gw}/state")["upstreams"][0]["inflight"] == 0
-    assert metric_value(f"{gw}/metrics", "sweetspot_upstream_requests_total",
-                        {"upstream": sim, "outcome": "upstream_error"}) == 1
+    assert (
+        metric_value(
+            f"{gw}/metrics", "sweetspot_upstream_requests_total", {"upstream": sim, "outcome": "upstream_error"}
+        )
+        == 1
+    )
 
 
 def test_dead_upstream_fails_over_to_a_healthy_one(processes) -> None:
@@ -343,8 +374,12 @@ def test_dead_upstream_fails_over_to_a_healthy_one(processes) -> None:
 
 
 def set_scenario(sim_url: str, **knobs: object) -> None:
-    request = urllib.request.Request(f"{sim_url}/admin/scenario", data=json.dumps(knobs).encode(), method="POST",
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        f"{sim_url}/admin/scenario",
+        data=json.dumps(knobs).encode(),
+        method="POST",
+        headers={"content-type": "application/json"},
+    )
     urllib.request.urlopen(request, timeout=10).close()
 
 
@@ -359,14 +394,18 @@ def test_an_upstream_503_before_any_byte_fails_over_to_another_upstream(processe
     for _ in range(6):  # the dispatcher picks the failing one first at least once (both have 4 free permits)
         reply = client(gw, max_retries=0).chat.completions.create(model=model, messages=CHAT, max_tokens=2)
         assert reply.choices[0].message.content
-        stream = client(gw, max_retries=0).chat.completions.create(model=model, messages=CHAT, max_tokens=2,
-                                                                   stream=True)
+        stream = client(gw, max_retries=0).chat.completions.create(
+            model=model, messages=CHAT, max_tokens=2, stream=True
+        )
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    failed = metric_value(f"{gw}/metrics", "sweetspot_upstream_requests_total",
-                          {"upstream": failing, "outcome": "upstream_error"})
+    failed = metric_value(
+        f"{gw}/metrics", "sweetspot_upstream_requests_total", {"upstream": failing, "outcome": "upstream_error"}
+    )
     assert failed is not None and failed >= 1
-    assert metric_value(f"{gw}/metrics", "sweetspot_upstream_retries_total",
-                        {"upstream": failing, "reason": "failover"}) == failed
+    assert (
+        metric_value(f"{gw}/metrics", "sweetspot_upstream_retries_total", {"upstream": failing, "reason": "failover"})
+        == failed
+    )
     assert all(u["inflight"] == 0 for u in get_json(f"{gw}/state")["upstreams"])
 
 
@@ -378,12 +417,16 @@ def test_an_upstream_500_is_not_sent_anywhere_else(processes) -> None:
     set_scenario(failing, error_rate=1.0, error_status=500)
     gw = start_gateway(processes, [failing, alive], "--initial-limit", "4", "--no-control").url
     model = model_of(alive)
-    statuses = [raw_post(f"{gw}/v1/chat/completions",
-                         json.dumps({"model": model, "messages": CHAT, "max_tokens": 2}).encode())[0]
-                for _ in range(8)]
+    statuses = [
+        raw_post(f"{gw}/v1/chat/completions", json.dumps({"model": model, "messages": CHAT, "max_tokens": 2}).encode())[
+            0
+        ]
+        for _ in range(8)
+    ]
     assert 500 in statuses and set(statuses) <= {200, 500}
-    assert metric_value(f"{gw}/metrics", "sweetspot_upstream_retries_total",
-                        {"upstream": failing, "reason": "failover"}) in (None, 0.0)
+    assert metric_value(
+        f"{gw}/metrics", "sweetspot_upstream_retries_total", {"upstream": failing, "reason": "failover"}
+    ) in (None, 0.0)
     assert all(u["inflight"] == 0 for u in get_json(f"{gw}/state")["upstreams"])
 
 
@@ -395,8 +438,9 @@ def test_the_last_upstreams_own_5xx_reaches_the_client_in_its_shape(processes, s
     gw = start_gateway(processes, [sim_url], "--initial-limit", "4", "--no-control").url
     model = model_of(sim_url)
     set_scenario(sim_url, error_rate=1.0, error_status=status)
-    answer, headers, payload = raw_post(f"{gw}/v1/chat/completions",
-                                        json.dumps({"model": model, "messages": CHAT}).encode())
+    answer, headers, payload = raw_post(
+        f"{gw}/v1/chat/completions", json.dumps({"model": model, "messages": CHAT}).encode()
+    )
     assert answer == status
     assert "injected failure" in assert_openai_error(payload)["message"]
     assert headers.get("retry-after") == ("1" if status == 503 else None)
@@ -434,8 +478,12 @@ BAD_INPUTS = [
     (json.dumps({"messages": CHAT}).encode(), 400, "invalid_request", "model"),
     (json.dumps({"model": "MODEL"}).encode(), 400, "invalid_request", "messages"),
     (json.dumps({"model": "MODEL", "messages": "hi"}).encode(), 400, "invalid_request", "messages"),
-    (json.dumps({"model": "MODEL", "messages": CHAT, "max_tokens": "ten"}).encode(), 400, "invalid_request",
-     "max_tokens"),
+    (
+        json.dumps({"model": "MODEL", "messages": CHAT, "max_tokens": "ten"}).encode(),
+        400,
+        "invalid_request",
+        "max_tokens",
+    ),
     (json.dumps({"model": "MODEL", "messages": CHAT, "stream": "yes"}).encode(), 400, "invalid_request", "stream"),
     (json.dumps({"model": "no-such-model", "messages": CHAT}).encode(), 404, "model_not_found", "model"),
 ]
@@ -480,10 +528,16 @@ def test_client_api_keys(processes, sim) -> None:
 def test_unknown_fields_pass_through_untouched(sim, gateway) -> None:
     """vLLM's stream_options.continuous_usage_stats reaches the backend: every chunk then carries usage."""
     model = model_of(sim)
-    chunks = list(client(gateway).chat.completions.create(
-        model=model, messages=CHAT, max_tokens=6, stream=True,
-        stream_options={"include_usage": True, "continuous_usage_stats": True},
-        extra_body={"ignore_eos": True, "top_k": 5, "chat_template_kwargs": {"enable_thinking": False}}))
+    chunks = list(
+        client(gateway).chat.completions.create(
+            model=model,
+            messages=CHAT,
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            extra_body={"ignore_eos": True, "top_k": 5, "chat_template_kwargs": {"enable_thinking": False}},
+        )
+    )
     with_text = [c for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(with_text) == 6
     assert all(c.usage is not None for c in with_text)
@@ -493,8 +547,12 @@ def test_unknown_fields_pass_through_untouched(sim, gateway) -> None:
 def test_upstream_key_replaces_the_clients(processes) -> None:
     """The backend requires a key (vLLM --api-key); clients use the gateway's own keys instead."""
     sim = start_sim(processes, "--api-key", "backend-secret", time_scale=10.0).url
-    gw = start_gateway(processes, [sim], "--no-control",
-                       env={"SWEETSPOT_UPSTREAM_API_KEY": "backend-secret", "SWEETSPOT_API_KEYS": "client-key"}).url
+    gw = start_gateway(
+        processes,
+        [sim],
+        "--no-control",
+        env={"SWEETSPOT_UPSTREAM_API_KEY": "backend-secret", "SWEETSPOT_API_KEYS": "client-key"},
+    ).url
     with pytest.raises(openai.AuthenticationError):
         client(sim, api_key="client-key").models.list()  # the client's key is no good at the backend
     model = client(gw, api_key="client-key").models.list().data[0].id  # polled with the upstream key

@@ -40,8 +40,7 @@ def gateway(module_processes, sim, tmp_path_factory):
     config = tmp_path_factory.mktemp("tenants") / "sweetspot.toml"
     config.write_text(CONFIG.replace("upstreams = []", f'upstreams = ["{sim}"]'))
     # Four slots, the top one reserved (tenant_reserve 0.1: one slot) for a tenant well under its share.
-    return start_gateway(module_processes, [], "--config", str(config), "--initial-limit", "4",
-                         "--no-control").url
+    return start_gateway(module_processes, [], "--config", str(config), "--initial-limit", "4", "--no-control").url
 
 
 def client(base: str, key: str) -> openai.OpenAI:
@@ -58,8 +57,9 @@ def test_an_unknown_key_is_refused(gateway) -> None:
 
 
 def long_stream(base: str, key: str, model: str) -> openai.Stream:
-    stream = client(base, key).chat.completions.create(model=model, messages=CHAT, max_tokens=3000, stream=True,
-                                                       extra_body={"ignore_eos": True})
+    stream = client(base, key).chat.completions.create(
+        model=model, messages=CHAT, max_tokens=3000, stream=True, extra_body={"ignore_eos": True}
+    )
     next(iter(stream))
     return stream
 
@@ -73,8 +73,9 @@ def test_a_tenant_over_its_queue_cap_gets_its_own_429(gateway) -> None:
     # less than half its share (4 x 2/3).
     holds = [long_stream(gateway, "key-gamma", model)] + [long_stream(gateway, "key-alpha", model) for _ in range(2)]
     queued_done: list[object] = []
-    queued = threading.Thread(target=lambda: queued_done.append(alpha.chat.completions.create(
-        model=model, messages=CHAT, max_tokens=2)))
+    queued = threading.Thread(
+        target=lambda: queued_done.append(alpha.chat.completions.create(model=model, messages=CHAT, max_tokens=2))
+    )
     queued.start()
     try:
         _wait_for_queue(gateway, "alpha", 1)
@@ -95,11 +96,18 @@ def test_a_tenant_over_its_queue_cap_gets_its_own_429(gateway) -> None:
             hold.close()
     queued.join(60)
     assert queued_done
-    rejected = metric_value(f"{gateway}/metrics", "sweetspot_tenant_rejections_total",
-                            {"tenant": "alpha", "reason": "tenant_queue_full"})
+    rejected = metric_value(
+        f"{gateway}/metrics", "sweetspot_tenant_rejections_total", {"tenant": "alpha", "reason": "tenant_queue_full"}
+    )
     assert rejected == 1
-    assert metric_value(f"{gateway}/metrics", "sweetspot_tenant_rejections_total",
-                        {"tenant": "gamma", "reason": "tenant_queue_full"}) is None
+    assert (
+        metric_value(
+            f"{gateway}/metrics",
+            "sweetspot_tenant_rejections_total",
+            {"tenant": "gamma", "reason": "tenant_queue_full"},
+        )
+        is None
+    )
 
 
 def test_a_tenant_over_its_quota_gets_429_until_it_refills(gateway) -> None:
@@ -119,8 +127,12 @@ def test_a_tenant_over_its_quota_gets_429_until_it_refills(gateway) -> None:
     assert state["alpha"]["quota"] is None
     tokens = metric_value(f"{gateway}/metrics", "sweetspot_tenant_output_tokens_total", {"tenant": "beta"})
     assert tokens is not None and tokens >= 40
-    assert metric_value(f"{gateway}/metrics", "sweetspot_tenant_rejections_total",
-                        {"tenant": "beta", "reason": "quota_exceeded"}) == 1
+    assert (
+        metric_value(
+            f"{gateway}/metrics", "sweetspot_tenant_rejections_total", {"tenant": "beta", "reason": "quota_exceeded"}
+        )
+        == 1
+    )
     requests = metric_value(f"{gateway}/metrics", "sweetspot_tenant_requests_total", {"tenant": "alpha"})
     assert requests is not None and requests >= 4
     waits = metric_value(f"{gateway}/metrics", "sweetspot_tenant_queue_wait_seconds_count", {"tenant": "beta"})

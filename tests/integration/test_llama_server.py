@@ -40,8 +40,7 @@ NO_REUSE = {"Connection": "close"}
 
 @pytest.fixture(scope="module")
 def client(llama: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{llama}/v1", api_key="unused", max_retries=0, timeout=120,
-                         default_headers=NO_REUSE)
+    return openai.OpenAI(base_url=f"{llama}/v1", api_key="unused", max_retries=0, timeout=120, default_headers=NO_REUSE)
 
 
 def get(url: str) -> tuple[int, object]:
@@ -67,8 +66,9 @@ async def test_scraper_detects_llama_server_and_reads_total_slots(llama: str) ->
 
 
 async def test_requests_processing_rises_under_load_and_falls_after(llama: str) -> None:
-    client = openai.AsyncOpenAI(base_url=f"{llama}/v1", api_key="unused", max_retries=0, timeout=120,
-                                default_headers=NO_REUSE)
+    client = openai.AsyncOpenAI(
+        base_url=f"{llama}/v1", api_key="unused", max_retries=0, timeout=120, default_headers=NO_REUSE
+    )
     started = asyncio.Event()
 
     async def long_stream() -> None:
@@ -198,8 +198,12 @@ def test_chat_non_stream_length_and_usage(client: openai.OpenAI, n: int) -> None
 def test_chat_stream_one_chunk_per_token_and_usage(client: openai.OpenAI) -> None:
     n = 24
     stream = client.chat.completions.create(
-        model=MODEL, messages=CHAT, max_tokens=n, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=n,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
     )
     pieces, finish, usage = [], None, None
     for chunk in stream:
@@ -221,8 +225,12 @@ def test_completions_non_stream_and_stream(client: openai.OpenAI) -> None:
     assert resp.choices[0].finish_reason == "length" and resp.choices[0].text
 
     stream = client.completions.create(
-        model=MODEL, prompt="The", max_tokens=9, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        model=MODEL,
+        prompt="The",
+        max_tokens=9,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
     )
     texts, usage = [], None
     for chunk in stream:
@@ -238,8 +246,9 @@ def test_models_lists_the_alias(client: openai.OpenAI) -> None:
 
 def test_embeddings_variant(processes) -> None:
     proc = start_llama_server(processes, llama_config(embeddings=True, pooling="mean", parallel=2))
-    emb = openai.OpenAI(base_url=f"{proc.url}/v1", api_key="unused", max_retries=0, timeout=60,
-                        default_headers=NO_REUSE)
+    emb = openai.OpenAI(
+        base_url=f"{proc.url}/v1", api_key="unused", max_retries=0, timeout=60, default_headers=NO_REUSE
+    )
     resp = emb.embeddings.create(model=MODEL, input=["hello world", "another text"])
     assert [d.index for d in resp.data] == [0, 1]
     assert len(resp.data[0].embedding) == 512  # the tiny model's n_embd

@@ -56,8 +56,11 @@ def test_planner_gives_what_vllm_logs(case: PlanCase, logged: dict[str, Logged |
     plan = planned(config_json, case.block_size)
     ours = (plan["kv_cache_tokens"], f"{plan['max_concurrency']:.2f}", plan["block_size"])
     theirs = (got.kv_cache_tokens, got.max_concurrency, got.block_size)
-    kv_lines = "\n".join(line for line in got.output.splitlines()
-                         if "KV cache" in line or "block size" in line or "max_num_batched_tokens" in line)
+    kv_lines = "\n".join(
+        line
+        for line in got.output.splitlines()
+        if "KV cache" in line or "block size" in line or "max_num_batched_tokens" in line
+    )
     assert ours == theirs, (
         f"{case.name} ({case.what}): planner (KV tokens, max concurrency, block) {ours} != vLLM's {theirs}\n"
         f"planner: {' '.join(plan_command(config_json, case.block_size))}\n  -> {plan}\n"
@@ -74,7 +77,9 @@ def test_vllm_logs_the_recorded_figures(case: PlanCase, logged: dict[str, Logged
         pytest.fail(f"vLLM did not log its KV cache size for {case.name}:\n{got}", pytrace=False)
     recorded = json.loads(FIXTURE.read_text())["cases"][case.name]
     assert (got.kv_cache_tokens, got.max_concurrency, got.block_size) == (
-        recorded["kv_cache_tokens"], recorded["max_concurrency"], recorded["block_size"]
+        recorded["kv_cache_tokens"],
+        recorded["max_concurrency"],
+        recorded["block_size"],
     ), f"{case.name}: vLLM now logs {got.line!r}, recorded {recorded['logged']!r} ({FIXTURE.name})"
     config = json.loads((ensure_model(case.spec) / "config.json").read_text())
     assert config == recorded["config"], f"{case.name}: the generated config.json differs from the recorded one"

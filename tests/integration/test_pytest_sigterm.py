@@ -12,7 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-INNER = '''
+INNER = """
 import time
 
 def test_holds_a_server(processes, tmp_path_factory):
@@ -21,7 +21,7 @@ def test_holds_a_server(processes, tmp_path_factory):
     with open({pid_file!r}, "w") as out:
         out.write(str(proc.popen.pid))
     time.sleep(300)
-'''
+"""
 
 
 def alive(pid: int) -> bool:
@@ -36,9 +36,27 @@ def test_sigterm_to_pytest_stops_the_processes_its_tests_started(tmp_path: Path)
     pid_file = tmp_path / "child.pid"
     inner = tmp_path / "test_inner.py"
     inner.write_text(INNER.format(python=sys.executable, pid_file=str(pid_file)))
-    run = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:randomly",
-                            "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(inner)],
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "tests.conftest",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            str(inner),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not pid_file.exists() or not pid_file.read_text():

@@ -31,8 +31,8 @@ import time
 from gateway.sweep.client import StreamClient, Target
 from gateway.sweep.loadgen import ClosedLoopPool
 from gateway.sweep.workload import RequestFactory, Workload, parse_length
-from testbed.gateway import get_json, start_gateway
 from testbed.closed_loop import FAST_CONTROL
+from testbed.gateway import get_json, start_gateway
 from testbed.llama import MODEL, llama_config, start_llama_server
 from testbed.redis_server import start_redis
 
@@ -77,8 +77,11 @@ def unfair(medians: list[float]) -> list[str]:
     """Gateways whose median is not within ``FAIR_SHARE`` of their demand-weighted share of the summed medians."""
     total = sum(medians)
     shares = [total * n / sum(CLIENTS) for n in CLIENTS]
-    return [f"gateway {g}: {median} against a share of {share:.2f}" for g, (median, share) in enumerate(zip(medians, shares))
-            if abs(median - share) > FAIR_SHARE * share]
+    return [
+        f"gateway {g}: {median} against a share of {share:.2f}"
+        for g, (median, share) in enumerate(zip(medians, shares))
+        if abs(median - share) > FAIR_SHARE * share
+    ]
 
 
 def test_the_share_check_can_fail() -> None:

@@ -22,9 +22,9 @@ import urllib.request
 
 import pytest
 
+from gateway.common.processes import RunningProcess
 from testbed.gateway import get_json, metric_value, start_gateway
 from testbed.llama import MODEL, llama_config, start_llama_server
-from gateway.common.processes import RunningProcess
 
 TURNS = 3
 THREADS = 1  # two servers on a shared 2-core machine: one ggml thread each
@@ -38,8 +38,9 @@ def servers(module_processes) -> list[RunningProcess]:
 
 def chat(url: str, messages: list[dict[str, str]]) -> dict:
     body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0}).encode()
-    request = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions", data=body, headers={"content-type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=300) as resp:
         return json.loads(resp.read())
 
@@ -62,8 +63,10 @@ def converse(gateway: str, tag: str) -> list[tuple[str, int, int, int]]:
 
 
 def served(gateway: str, upstream: str) -> float:
-    return metric_value(f"{gateway}/metrics", "sweetspot_upstream_requests_total",
-                        {"upstream": upstream, "outcome": "ok"}) or 0.0
+    return (
+        metric_value(f"{gateway}/metrics", "sweetspot_upstream_requests_total", {"upstream": upstream, "outcome": "ok"})
+        or 0.0
+    )
 
 
 def follow_ups(replies: list[tuple[str, int, int, int]]) -> list[tuple[int, int, int]]:
@@ -88,8 +91,10 @@ def test_prefix_routing_sends_each_turn_back_to_the_server_holding_its_history(m
         assert reused >= previous_prompt, later  # the whole previous prompt came from the slot's cache
         assert prefilled < 60, later  # only the new turn was prefilled
     assert [served(prefix, url) for url in urls] == [TURNS, TURNS]  # one conversation per server
-    decisions = {reason: metric_value(f"{prefix}/metrics", "sweetspot_routing_decisions_total", {"reason": reason})
-                 for reason in ("prefix", "least_loaded", "load")}
+    decisions = {
+        reason: metric_value(f"{prefix}/metrics", "sweetspot_routing_decisions_total", {"reason": reason})
+        for reason in ("prefix", "least_loaded", "load")
+    }
     assert decisions == {"prefix": 2 * (TURNS - 1), "least_loaded": 2, "load": None}, decisions
     routing = get_json(f"{prefix}/state")["routing"]
     assert routing["policy"] == "prefix" and routing["prefix_map_max"] == 200_000
@@ -101,8 +106,9 @@ def test_prefix_routing_sends_each_turn_back_to_the_server_holding_its_history(m
         assert chunks and hits and 0.3 < hits / chunks < 1.0, (chunks, hits)
 
     # the same conversations (new texts, so nothing is cached from above) with least-loaded routing
-    least = start_gateway(module_processes, urls, "--no-control", "--initial-limit", "1",
-                          "--routing", "least_loaded").url
+    least = start_gateway(
+        module_processes, urls, "--no-control", "--initial-limit", "1", "--routing", "least_loaded"
+    ).url
     replies_ll = converse(least, "second run")
     later_ll = follow_ups(replies_ll)
     assert [served(least, url) for url in urls] == [2 * TURNS, 0]  # every turn to the first idle server

@@ -12,9 +12,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.common.processes import LISTENING, RunningProcess, start_process, sweetspot
 from gateway.sim.exposition import TTFT_BUCKETS
 from gateway.sim.profiles import QWEN36_35B_A3B_32GB
-from gateway.common.processes import LISTENING, RunningProcess, start_process, sweetspot
 
 MODEL = QWEN36_35B_A3B_32GB.model
 
@@ -68,7 +68,9 @@ def test_models_lists_the_served_name(client: openai.OpenAI) -> None:
 
 def test_chat_non_stream_has_usage_and_length_finish(client: openai.OpenAI) -> None:
     resp = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Say something, anything."}], max_tokens=12,
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say something, anything."}],
+        max_tokens=12,
         extra_body={"top_k": 5, "ignore_eos": True, "repetition_penalty": 1.1},  # vLLM extras are accepted
     )
     choice = resp.choices[0]
@@ -81,13 +83,17 @@ def test_chat_non_stream_has_usage_and_length_finish(client: openai.OpenAI) -> N
     assert resp.usage.total_tokens == resp.usage.prompt_tokens + 12
     assert resp.id.startswith("chatcmpl-") and resp.object == "chat.completion"
     again = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Say something, anything."}], max_tokens=12)
+        model=MODEL, messages=[{"role": "user", "content": "Say something, anything."}], max_tokens=12
+    )
     assert again.choices[0].message.content == choice.message.content  # deterministic text
 
 
 def test_chat_stream_with_usage(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Count to ten."}], max_tokens=9, stream=True,
+        model=MODEL,
+        messages=[{"role": "user", "content": "Count to ten."}],
+        max_tokens=9,
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -116,8 +122,9 @@ def test_completions_with_token_id_prompt_count_exactly(client: openai.OpenAI) -
     resp = client.completions.create(model=MODEL, prompt=[7] * 300, max_tokens=5)
     assert resp.usage is not None and resp.usage.prompt_tokens == 300 and resp.usage.completion_tokens == 5
     assert resp.choices[0].finish_reason == "length" and resp.object == "text_completion"
-    stream = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=4, stream=True,
-                                       stream_options={"include_usage": True})
+    stream = client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=4, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     texts = [c.choices[0].text for c in chunks if c.choices]
     assert len(texts) == 4 and chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == 4
@@ -151,14 +158,22 @@ def test_metrics_have_vllm_names_labels_and_buckets(client: openai.OpenAI, http:
     client.completions.create(model=MODEL, prompt=[1] * 64, max_tokens=8)
     families = {f.name: f for f in text_string_to_metric_families(http.get("/metrics").text)}
     expected = {
-        "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
-        "vllm:kv_cache_usage_perc": "gauge", "vllm:num_preemptions": "counter",
-        "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter",
-        "vllm:request_success": "counter", "vllm:time_to_first_token_seconds": "histogram",
-        "vllm:inter_token_latency_seconds": "histogram", "vllm:e2e_request_latency_seconds": "histogram",
-        "vllm:request_time_per_output_token_seconds": "histogram", "vllm:request_queue_time_seconds": "histogram",
-        "vllm:request_prompt_tokens": "histogram", "vllm:request_generation_tokens": "histogram",
-        "vllm:iteration_tokens_total": "histogram", "vllm:cache_config_info": "gauge",
+        "vllm:num_requests_running": "gauge",
+        "vllm:num_requests_waiting": "gauge",
+        "vllm:kv_cache_usage_perc": "gauge",
+        "vllm:num_preemptions": "counter",
+        "vllm:prompt_tokens": "counter",
+        "vllm:generation_tokens": "counter",
+        "vllm:request_success": "counter",
+        "vllm:time_to_first_token_seconds": "histogram",
+        "vllm:inter_token_latency_seconds": "histogram",
+        "vllm:e2e_request_latency_seconds": "histogram",
+        "vllm:request_time_per_output_token_seconds": "histogram",
+        "vllm:request_queue_time_seconds": "histogram",
+        "vllm:request_prompt_tokens": "histogram",
+        "vllm:request_generation_tokens": "histogram",
+        "vllm:iteration_tokens_total": "histogram",
+        "vllm:cache_config_info": "gauge",
     }
     for name, kind in expected.items():
         assert name in families, name
@@ -169,7 +184,11 @@ def test_metrics_have_vllm_names_labels_and_buckets(client: openai.OpenAI, http:
     assert value(samples, "vllm:generation_tokens_total") >= 8
     assert value(samples, "vllm:request_success_total", finished_reason="length") >= 1
     assert {s.labels["finished_reason"] for s in samples["vllm:request_success_total"]} == {
-        "stop", "length", "abort", "error"}
+        "stop",
+        "length",
+        "abort",
+        "error",
+    }
     bounds = [float(s.labels["le"]) for s in samples["vllm:time_to_first_token_seconds_bucket"]]
     assert bounds == [*TTFT_BUCKETS, math.inf]
     (info,) = samples["vllm:cache_config_info"]
@@ -238,6 +257,10 @@ def test_model_name_flag_and_admin_off_by_default() -> None:
         assert [m.id for m in c.models.list().data] == ["my-model"]
         assert httpx.get(f"{proc.url}/admin/scenario").status_code == 404
         assert httpx.post(f"{proc.url}/admin/scenario", json={}).status_code in (404, 405)
-        info = [s for f in text_string_to_metric_families(httpx.get(f"{proc.url}/metrics").text)
-                for s in f.samples if s.name == "vllm:cache_config_info"]
+        info = [
+            s
+            for f in text_string_to_metric_families(httpx.get(f"{proc.url}/metrics").text)
+            for s in f.samples
+            if s.name == "vllm:cache_config_info"
+        ]
         assert info[0].labels["num_gpu_blocks"] == "2473"

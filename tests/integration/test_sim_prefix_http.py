@@ -12,15 +12,18 @@ SYSTEM = "You answer in one word. " * 100  # 2,400 bytes: 600 tokens, 37 full bl
 
 def chat(url: str, messages: list[dict[str, str]]) -> dict:
     body = json.dumps({"model": None, "messages": messages, "max_tokens": 4}).encode()
-    request = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions", data=body, headers={"content-type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as resp:
         return json.loads(resp.read())
 
 
 def counters(url: str) -> tuple[float | None, float | None]:
-    return (metric_value(f"{url}/metrics", "vllm:prefix_cache_queries_total"),
-            metric_value(f"{url}/metrics", "vllm:prefix_cache_hits_total"))
+    return (
+        metric_value(f"{url}/metrics", "vllm:prefix_cache_queries_total"),
+        metric_value(f"{url}/metrics", "vllm:prefix_cache_hits_total"),
+    )
 
 
 def cache_info(url: str) -> str | None:

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
+from gateway.common.processes import LISTENING, RunningProcess, start_process, sweetspot
 from gateway.sim.oracle import predict_closed_loop
 from gateway.sim.profiles import QWEN36_35B_A3B_32GB
-from gateway.common.processes import LISTENING, RunningProcess, start_process, sweetspot
 
 TIME_SCALE = 4.0
 PROMPT, OUTPUT = 256, 128
@@ -75,8 +75,11 @@ async def measure(url: str, concurrency: int) -> float:
 
 @pytest.mark.parametrize("concurrency", LEVELS)
 def test_measured_throughput_matches_the_model(sim: RunningProcess, concurrency: int) -> None:
-    predicted = predict_closed_loop(QWEN36_35B_A3B_32GB, concurrency, PROMPT, OUTPUT,
-                                    measure_requests=MEASURED).tokens_per_s * TIME_SCALE
+    predicted = (
+        predict_closed_loop(QWEN36_35B_A3B_32GB, concurrency, PROMPT, OUTPUT, measure_requests=MEASURED).tokens_per_s
+        * TIME_SCALE
+    )
     measured = asyncio.run(measure(sim.url, concurrency))
     assert measured == pytest.approx(predicted, rel=0.15), (
-        f"{concurrency} clients: measured {measured:.0f} tok/s (wall), model predicts {predicted:.0f}")
+        f"{concurrency} clients: measured {measured:.0f} tok/s (wall), model predicts {predicted:.0f}"
+    )

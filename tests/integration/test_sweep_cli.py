@@ -14,29 +14,45 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sweep.result import load_sweep_result
 from gateway.common.processes import LISTENING, RunningProcess, start_process, sweetspot
+from gateway.sweep.result import load_sweep_result
 
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[RunningProcess]:
-    with start_process(sweetspot("sim", "--port", "0", "--time-scale", "4"), ready_pattern=LISTENING,
-                       timeout=60) as proc:
+    with start_process(
+        sweetspot("sim", "--port", "0", "--time-scale", "4"), ready_pattern=LISTENING, timeout=60
+    ) as proc:
         yield proc
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(sweetspot("sweep", *args), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        sweetspot("sweep", *args), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
 
 
 @pytest.mark.timeout(180)
 def test_closed_loop_run_writes_its_files(sim: RunningProcess, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    done = run_cli("--url", sim.url + "/v1", "--levels", "1,4", "--duration", "1.5", "--warmup-s", "0.5",
-                   "--prompt-len", "32..64", "--output-len", "normal:24,4",
-                   "--extra-body", json.dumps({"stream_options": {"include_usage": False}}),
-                   "--out", str(out))
+    done = run_cli(
+        "--url",
+        sim.url + "/v1",
+        "--levels",
+        "1,4",
+        "--duration",
+        "1.5",
+        "--warmup-s",
+        "0.5",
+        "--prompt-len",
+        "32..64",
+        "--output-len",
+        "normal:24,4",
+        "--extra-body",
+        json.dumps({"stream_options": {"include_usage": False}}),
+        "--out",
+        str(out),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert any(line.startswith("[1/2] concurrency 1: ") and "tok/s" in line for line in lines), done.stdout
@@ -56,9 +72,29 @@ def test_closed_loop_run_writes_its_files(sim: RunningProcess, tmp_path: Path) -
 
 @pytest.mark.timeout(180)
 def test_open_loop_run_with_slos_disabled(sim: RunningProcess, tmp_path: Path) -> None:
-    done = run_cli("--url", sim.url, "--api", "completions", "--levels", "4", "--rate", "40", "--requests", "12",
-                   "--warmup", "2", "--output-len", "16", "--slo-ttft-ms", "0", "--slo-tpot-ms", "0", "--quiet",
-                   "--out", str(tmp_path))
+    done = run_cli(
+        "--url",
+        sim.url,
+        "--api",
+        "completions",
+        "--levels",
+        "4",
+        "--rate",
+        "40",
+        "--requests",
+        "12",
+        "--warmup",
+        "2",
+        "--output-len",
+        "16",
+        "--slo-ttft-ms",
+        "0",
+        "--slo-tpot-ms",
+        "0",
+        "--quiet",
+        "--out",
+        str(tmp_path),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     result = load_sweep_result(tmp_path / "sweep.json")
     assert result.settings.mode == "poisson" and result.settings.rate == 40

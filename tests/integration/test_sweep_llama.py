@@ -43,15 +43,25 @@ async def test_peak_tokens_per_second_direct_and_through_the_gateway_agree(targe
             order = ["direct", "gateway"] if step % 2 == 0 else ["gateway", "direct"]
             step += 1
             for name in order:
-                config = SweepConfig(url=targets[name], api="completions", levels=(concurrency,), duration_s=3.0,
-                                     warmup_s=1.0, workload=WORKLOAD, slo=SLO(), early_stop=False)
+                config = SweepConfig(
+                    url=targets[name],
+                    api="completions",
+                    levels=(concurrency,),
+                    duration_s=3.0,
+                    warmup_s=1.0,
+                    workload=WORKLOAD,
+                    slo=SLO(),
+                    early_stop=False,
+                )
                 level = (await run_sweep(config)).levels[0]
                 measured[name][concurrency].append(level.output_tokens_per_s)
                 failures += [f"{name} c={concurrency}: {e}" for e in level.error_samples] if level.failed else []
     curves = {name: {c: statistics.median(v) for c, v in levels.items()} for name, levels in measured.items()}
     peaks = {name: max(curve.values()) for name, curve in curves.items()}
-    report = (f"tokens/s per level and round {measured}; medians {curves}; "
-              f"peaks {({n: round(p, 1) for n, p in peaks.items()})}, gateway/direct {peaks['gateway'] / peaks['direct']:.3f}")
+    report = (
+        f"tokens/s per level and round {measured}; medians {curves}; "
+        f"peaks { ({n: round(p, 1) for n, p in peaks.items()}) }, gateway/direct {peaks['gateway'] / peaks['direct']:.3f}"
+    )
     print(report)
     assert not failures, failures
     assert abs(peaks["gateway"] - peaks["direct"]) <= 0.10 * peaks["direct"], report

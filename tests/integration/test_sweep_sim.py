@@ -13,12 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.sweep.result import SLO
-from gateway.sweep.driver import SweepConfig, SweepEvent, run_sweep
-from gateway.sweep.workload import Workload, parse_length
+from gateway.common.processes import LISTENING, RunningProcess, start_process, sweetspot
 from gateway.sim.oracle import predict_closed_loop
 from gateway.sim.profiles import DEFAULT_PROFILE, get_profile
-from gateway.common.processes import LISTENING, RunningProcess, start_process, sweetspot
+from gateway.sweep.driver import SweepConfig, SweepEvent, run_sweep
+from gateway.sweep.result import SLO
+from gateway.sweep.workload import Workload, parse_length
 
 TIME_SCALE = 2.0
 LEVELS = (8, 16, 24, 32)
@@ -28,8 +28,11 @@ OUTPUT_TOKENS = 64
 @pytest.fixture(scope="module")
 def sim() -> Iterator[RunningProcess]:
     # The oracle's engine gets no prompt hashes, so it models no prefix cache: the server under test neither.
-    with start_process(sweetspot("sim", "--port", "0", "--time-scale", str(TIME_SCALE), "--no-prefix-caching"),
-                       ready_pattern=LISTENING, timeout=60) as proc:
+    with start_process(
+        sweetspot("sim", "--port", "0", "--time-scale", str(TIME_SCALE), "--no-prefix-caching"),
+        ready_pattern=LISTENING,
+        timeout=60,
+    ) as proc:
         yield proc
 
 

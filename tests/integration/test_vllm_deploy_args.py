@@ -44,8 +44,7 @@ def k8s_args() -> list[str]:
 
 
 def parse(args: list[str]) -> dict[str, Any]:
-    done = subprocess.run([str(require_vllm()), str(SERVE_ARGS), *args], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([str(require_vllm()), str(SERVE_ARGS), *args], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         pytest.fail(f"vllm serve rejects {args}:\n{done.stderr[-3000:]}", pytrace=False)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -64,7 +63,11 @@ def test_vllm_serve_accepts_the_deployed_arguments(where: str) -> None:
 
 def test_an_unknown_flag_fails() -> None:
     """The check has teeth: vLLM's parser rejects what it does not know, with its own message."""
-    done = subprocess.run([str(require_vllm()), str(SERVE_ARGS), "some/model", "--max-num-sequences-typo", "4"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(require_vllm()), str(SERVE_ARGS), "some/model", "--max-num-sequences-typo", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2
     assert "unrecognized arguments: --max-num-sequences-typo" in done.stderr

@@ -47,24 +47,35 @@ def test_workers_share_one_port_and_each_answers(processes) -> None:
     statuses = []
     for _ in range(12):
         with httpx.Client(timeout=60) as client:
-            reply = client.post(f"{proc.url}/v1/chat/completions",
-                                json={"model": model, "messages": CHAT, "max_tokens": 8})
+            reply = client.post(
+                f"{proc.url}/v1/chat/completions", json={"model": model, "messages": CHAT, "max_tokens": 8}
+            )
             statuses.append(reply.status_code)
     assert statuses == [200] * 12
 
 
 def test_sigterm_drains_every_worker_and_the_parent_exits_0(processes) -> None:
     sim = start_sim(processes, time_scale=1.0)
-    proc = start_gateway(processes, [sim.url], "--workers", "2", "--no-control", "--initial-limit", "8",
-                         env={"SWEETSPOT_DRAIN_TIMEOUT_S": "60"})
+    proc = start_gateway(
+        processes,
+        [sim.url],
+        "--workers",
+        "2",
+        "--no-control",
+        "--initial-limit",
+        "8",
+        env={"SWEETSPOT_DRAIN_TIMEOUT_S": "60"},
+    )
     model = httpx.get(f"{sim.url}/v1/models", timeout=10).json()["data"][0]["id"]
     workers = children(proc.popen.pid)
     finished: list[int] = []
 
     def stream() -> None:
         body = {"model": model, "messages": CHAT, "stream": True, "max_tokens": 120, "ignore_eos": True}
-        with httpx.Client(timeout=120) as client, client.stream("POST", f"{proc.url}/v1/chat/completions",
-                                                                 json=body) as reply:
+        with (
+            httpx.Client(timeout=120) as client,
+            client.stream("POST", f"{proc.url}/v1/chat/completions", json=body) as reply,
+        ):
             done = any(line.strip() == "data: [DONE]" for line in reply.iter_lines())
             finished.append(reply.status_code if done else -1)
 

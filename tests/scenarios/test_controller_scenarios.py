@@ -30,8 +30,10 @@ def results(name: str) -> list[PhaseResult]:
 def describe(result: PhaseResult) -> str:
     oracle = result.oracle
     spot = "-" if oracle is None else f"sweet spot {oracle.sweet_spot}, best static {oracle.best.limit}"
-    return (f"{result.scenario}/{result.phase}: {spot}, settled {result.settled}, converged after "
-            f"{result.convergence_s} s, goodput ratio {result.goodput_ratio}: {'; '.join(result.failures)}")
+    return (
+        f"{result.scenario}/{result.phase}: {spot}, settled {result.settled}, converged after "
+        f"{result.convergence_s} s, goodput ratio {result.goodput_ratio}: {'; '.join(result.failures)}"
+    )
 
 
 @pytest.mark.parametrize("name", [scenario.name for scenario in SCENARIOS])

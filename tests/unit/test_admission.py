@@ -31,9 +31,12 @@ def targets(**limits: int) -> list[Target]:
     return [Target(name, Limiter(name, limit)) for name, limit in limits.items()]
 
 
-def make(limit: int = 1, max_queue: int = 10, names: tuple[str, ...] = ("a",), classes: int = 1) -> AdmissionQueue[Target]:
-    return AdmissionQueue([Target(n, Limiter(n, limit)) for n in names], max_queue=max_queue, clock=FakeClock(),
-                          classes=classes)
+def make(
+    limit: int = 1, max_queue: int = 10, names: tuple[str, ...] = ("a",), classes: int = 1
+) -> AdmissionQueue[Target]:
+    return AdmissionQueue(
+        [Target(n, Limiter(n, limit)) for n in names], max_queue=max_queue, clock=FakeClock(), classes=classes
+    )
 
 
 async def test_admits_up_to_the_limit_then_queues_fifo() -> None:

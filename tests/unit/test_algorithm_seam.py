@@ -15,13 +15,13 @@ import pytest
 from aiohttp import web
 from pydantic import ValidationError
 
+from gateway.control.baselines.threshold import ThresholdGate
 from gateway.control.window import Outcome, RequestSample
 from gateway.server.admission.admission_queue import AdmissionQueue, Limiter
 from gateway.server.feedback.algorithm_path import load_factory
 from gateway.server.feedback.control_loop import ControlLoop
 from gateway.server.parts import Gateway
 from gateway.settings import Settings
-from gateway.control.baselines.threshold import ThresholdGate
 from testbed.loopback import serving
 
 THRESHOLD = "gateway.control.baselines.threshold:ThresholdGate"
@@ -44,20 +44,26 @@ def test_an_algorithm_without_the_control_loop_is_refused() -> None:
         Settings(algorithm=THRESHOLD, control_enabled=False)
 
 
-@pytest.mark.parametrize(("path", "why"), [
-    ("testbed.no_such_module:Thing", "cannot import 'testbed.no_such_module'"),
-    ("gateway.control.baselines.threshold:NoSuchGate", "has no attribute 'NoSuchGate'"),
-    ("gateway.control.baselines.threshold:QUEUE_DEPTH_THRESHOLD", "is a int, not a factory"),
-])
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("testbed.no_such_module:Thing", "cannot import 'testbed.no_such_module'"),
+        ("gateway.control.baselines.threshold:NoSuchGate", "has no attribute 'NoSuchGate'"),
+        ("gateway.control.baselines.threshold:QUEUE_DEPTH_THRESHOLD", "is a int, not a factory"),
+    ],
+)
 def test_an_unusable_path_says_what_is_wrong_when_imported(path: str, why: str) -> None:
     with pytest.raises(ValueError, match=why):
         load_factory(path)
 
 
-@pytest.mark.parametrize(("path", "why"), [
-    ("gateway.control.baselines.static:StaticLimit", "calling it with no arguments failed"),
-    ("collections:OrderedDict", "not a limit algorithm"),
-])
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("gateway.control.baselines.static:StaticLimit", "calling it with no arguments failed"),
+        ("collections:OrderedDict", "not a limit algorithm"),
+    ],
+)
 def test_a_factory_that_builds_no_algorithm_says_so_when_called(path: str, why: str) -> None:
     factory = load_factory(path)
     with pytest.raises(ValueError, match=why):
@@ -72,8 +78,9 @@ def test_a_good_path_builds_a_fresh_algorithm_per_call() -> None:
 
 # --- a request's end reaches the limiter before its permit is handed on --------------------------------
 def ended(at: float = 1.0) -> RequestSample:
-    return RequestSample(arrived=0.0, admitted=0.0, finished=at, first_token=0.5, prompt_tokens=8,
-                         output_tokens=8, outcome=Outcome.OK)
+    return RequestSample(
+        arrived=0.0, admitted=0.0, finished=at, first_token=0.5, prompt_tokens=8, output_tokens=8, outcome=Outcome.OK
+    )
 
 
 class _Target:
@@ -113,8 +120,10 @@ class Backend:
         self.kv_usage, self.waiting = 0.1, 0
 
     async def metrics(self, request: web.Request) -> web.Response:
-        text = (f"vllm:num_requests_running 1\nvllm:num_requests_waiting {self.waiting}\n"
-                f"vllm:kv_cache_usage_perc {self.kv_usage}\n")
+        text = (
+            f"vllm:num_requests_running 1\nvllm:num_requests_waiting {self.waiting}\n"
+            f"vllm:kv_cache_usage_perc {self.kv_usage}\n"
+        )
         return web.Response(text=text, content_type="text/plain")
 
 
@@ -129,8 +138,14 @@ async def backend() -> AsyncIterator[tuple[Backend, str]]:
 
 async def test_the_threshold_gate_drives_the_limiter_as_its_docstring_says(backend) -> None:
     state, url = backend
-    settings = Settings(upstreams=[url], algorithm=THRESHOLD, backend="vllm", control_interval_s=0.05,
-                        metrics_interval_s=0.05, limit_max=64)
+    settings = Settings(
+        upstreams=[url],
+        algorithm=THRESHOLD,
+        backend="vllm",
+        control_interval_s=0.05,
+        metrics_interval_s=0.05,
+        limit_max=64,
+    )
     gateway = Gateway.build(settings)
     loop = ControlLoop.build(gateway)
     upstream = gateway.pool.by_name[url]
@@ -184,8 +199,9 @@ async def test_stale_metrics_shut_the_gate(backend) -> None:
     """GIE counts a pod whose metrics are older than 200 ms as saturated: a scrape that stopped is a shut gate."""
     _, url = backend
     now = [100.0]
-    settings = Settings(upstreams=[url], algorithm=THRESHOLD, backend="vllm", control_interval_s=0.05,
-                        metrics_interval_s=0.05)
+    settings = Settings(
+        upstreams=[url], algorithm=THRESHOLD, backend="vllm", control_interval_s=0.05, metrics_interval_s=0.05
+    )
     gateway = Gateway.build(settings, clock=lambda: now[0])
     loop = ControlLoop.build(gateway)
     control = loop.controls[url]

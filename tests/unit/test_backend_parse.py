@@ -92,8 +92,9 @@ def test_llama_server_recording() -> None:
 
 
 def test_llama_server_idle_recording() -> None:
-    snap = llama_snapshot(samples_of(LLAMA / "metrics_idle.prom"), 0.0,
-                          json.loads((LLAMA / "props.json").read_text()), None)
+    snap = llama_snapshot(
+        samples_of(LLAMA / "metrics_idle.prom"), 0.0, json.loads((LLAMA / "props.json").read_text()), None
+    )
     assert snap.running == 0.0 and snap.waiting == 0.0 and snap.busy_slots is None
 
 
@@ -166,7 +167,7 @@ def test_itl_falls_back_to_time_per_output_token_and_prefers_the_new_name() -> N
 
 
 def test_bare_preemptions_name_of_older_exporters() -> None:
-    text = "# TYPE vllm:num_preemptions gauge\nvllm:num_preemptions{model_name=\"m\"} 3.0\n"
+    text = '# TYPE vllm:num_preemptions gauge\nvllm:num_preemptions{model_name="m"} 3.0\n'
     assert vllm_snapshot(parse_samples(text), 0.0).preemptions_total == 3.0
 
 

@@ -12,11 +12,6 @@ from __future__ import annotations
 import pytest
 
 from gateway.control.algorithm import Action, LimitAlgorithm, RequestObserver
-from gateway.control.config import AimdConfig
-from testbed.scenarios.harness import Conditions, Harness, Workload
-from gateway.control.observation import Headroom, LimiterState, Observation, observe
-from gateway.control.window import Outcome, RequestSample, SlidingWindow
-from gateway.sim.profiles import get_profile
 from gateway.control.baselines import (
     AimdLatencyLimit,
     EnvoyGradient,
@@ -26,20 +21,41 @@ from gateway.control.baselines import (
     VegasLimit,
 )
 from gateway.control.baselines.vegas import log10_root
+from gateway.control.config import AimdConfig
+from gateway.control.observation import Headroom, LimiterState, Observation, observe
+from gateway.control.window import Outcome, RequestSample, SlidingWindow
+from gateway.sim.profiles import get_profile
+from testbed.scenarios.harness import Conditions, Harness, Workload
 
 
 def sample(rtt: float, *, at: float = 0.0, outcome: Outcome = Outcome.OK) -> RequestSample:
     """A request admitted at ``at`` that took ``rtt`` seconds at the upstream."""
-    return RequestSample(arrived=at, admitted=at, finished=at + rtt, first_token=at + min(rtt, 0.1),
-                         prompt_tokens=512, output_tokens=256, outcome=outcome)
+    return RequestSample(
+        arrived=at,
+        admitted=at,
+        finished=at + rtt,
+        first_token=at + min(rtt, 0.1),
+        prompt_tokens=512,
+        output_tokens=256,
+        outcome=outcome,
+    )
 
 
-def tick(now: float, *, inflight: int = 0, queue: int = 0, limit: int = 1, headroom: Headroom = Headroom()) -> Observation:
+def tick(
+    now: float, *, inflight: int = 0, queue: int = 0, limit: int = 1, headroom: Headroom = Headroom()
+) -> Observation:
     return observe(now, SlidingWindow(10.0).stats(now), LimiterState(limit, inflight, inflight, queue), headroom)
 
 
-def feed(algorithm: RequestObserver, rtt: float, times: int = 1, *, inflight: int = 100, at: float = 0.0,
-         outcome: Outcome = Outcome.OK) -> int:
+def feed(
+    algorithm: RequestObserver,
+    rtt: float,
+    times: int = 1,
+    *,
+    inflight: int = 100,
+    at: float = 0.0,
+    outcome: Outcome = Outcome.OK,
+) -> int:
     limit = 0
     for _ in range(times):
         limit = algorithm.on_request(at + rtt, sample(rtt, at=at, outcome=outcome), inflight, inflight)
@@ -47,8 +63,14 @@ def feed(algorithm: RequestObserver, rtt: float, times: int = 1, *, inflight: in
 
 
 def test_every_baseline_is_a_limit_algorithm() -> None:
-    algorithms: list[LimitAlgorithm] = [StaticLimit(8), ThresholdGate(), EnvoyGradient(), Gradient2Limit(),
-                                        VegasLimit(), AimdLatencyLimit()]
+    algorithms: list[LimitAlgorithm] = [
+        StaticLimit(8),
+        ThresholdGate(),
+        EnvoyGradient(),
+        Gradient2Limit(),
+        VegasLimit(),
+        AimdLatencyLimit(),
+    ]
     for algorithm in algorithms:
         decision = algorithm.step(tick(1.0))
         assert decision.limit == algorithm.limit
@@ -277,7 +299,7 @@ def test_envoy_grows_at_most_2x_and_halves_at_most_on_slow_samples() -> None:
     envoy = envoy_after_min_rtt(1.0)
     start = 1.0
     sample_window(envoy, start, 0.1)
-    assert envoy.gradient == 2.0 and envoy.limit == int(6 + 6 ** 0.5)  # 8
+    assert envoy.gradient == 2.0 and envoy.limit == int(6 + 6**0.5)  # 8
     while envoy.limit < 40:
         start += 0.1
         sample_window(envoy, start, 0.1)

@@ -19,13 +19,21 @@ from gateway.sweep.client import StreamClient, Target
 from gateway.sweep.workload import RequestFactory, Workload, parse_length
 
 USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
-BODY = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in (
-    {"choices": [{"index": 0, "text": "a"}]},
-    {"choices": [{"index": 0, "text": "b"}]},
-    {"choices": [], "usage": USAGE},
-)) + b"data: [DONE]\n\n"
-REPLY = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
-         b"Keep-Alive: timeout=5, max=100\r\nContent-Length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
+BODY = (
+    b"".join(
+        b"data: " + json.dumps(event).encode() + b"\n\n"
+        for event in (
+            {"choices": [{"index": 0, "text": "a"}]},
+            {"choices": [{"index": 0, "text": "b"}]},
+            {"choices": [], "usage": USAGE},
+        )
+    )
+    + b"data: [DONE]\n\n"
+)
+REPLY = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
+    b"Keep-Alive: timeout=5, max=100\r\nContent-Length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY
+)
 
 
 class OneRequestPerConnection(asyncio.Protocol):
@@ -47,7 +55,7 @@ class OneRequestPerConnection(asyncio.Protocol):
         match = re.search(rb"content-length:\s*(\d+)", head, re.IGNORECASE)
         if match is None or len(rest) < int(match.group(1)):
             return
-        self.buffer = rest[int(match.group(1)):]
+        self.buffer = rest[int(match.group(1)) :]
         if self.served:
             self.log.append("closed unanswered")
             self.transport.close()

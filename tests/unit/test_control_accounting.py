@@ -19,8 +19,16 @@ from gateway.telemetry.metrics import GatewayMetrics
 
 
 def whole(admitted: float, finished: float, tokens: int) -> RequestSample:
-    return RequestSample(arrived=admitted, admitted=admitted, finished=finished, first_token=None,
-                         prompt_tokens=10, output_tokens=tokens, outcome=Outcome.OK, streamed=False)
+    return RequestSample(
+        arrived=admitted,
+        admitted=admitted,
+        finished=finished,
+        first_token=None,
+        prompt_tokens=10,
+        output_tokens=tokens,
+        outcome=Outcome.OK,
+        streamed=False,
+    )
 
 
 def test_a_span_spreads_its_tokens_evenly_over_its_life() -> None:
@@ -95,8 +103,7 @@ def test_readings_hold_pending_until_the_requests_end_then_count_them() -> None:
         count = accounting.count(now, window, Headroom(), inflight=control_limit)
         if now < 4.0:
             continue  # every slot busy from here on; the meter starts now, as after a limit change
-        obs = observe(now, window.stats(now), LimiterState(control_limit, control_limit, control_limit, 3),
-                      count=count)
+        obs = observe(now, window.stats(now), LimiterState(control_limit, control_limit, control_limit, 3), count=count)
         readings.observe(obs, control_limit, True)
         if readings.steady_since is not None:
             steady.append(now)
@@ -121,8 +128,9 @@ def test_a_stuck_request_delays_a_reading_only_so_long() -> None:
     for tick in range(0, int(PENDING_MAX_S) + 20):
         now = float(tick)
         window.add_tokens(now, 10)
-        obs = observe(now, window.stats(now), LimiterState(4, 4, 4, 1),
-                      count=accounting.count(now, window, Headroom(), 4))
+        obs = observe(
+            now, window.stats(now), LimiterState(4, 4, 4, 1), count=accounting.count(now, window, Headroom(), 4)
+        )
         readings.observe(obs, 4, True)
         if readings.take(now) is not None:
             taken = now
@@ -131,8 +139,13 @@ def test_a_stuck_request_delays_a_reading_only_so_long() -> None:
 
 
 def live(total: float, at: float, running: int = 10, waiting: int = 0) -> Headroom:
-    return Headroom(generation_tokens_total=total, generation_tokens_live=True, backend_running=running,
-                    backend_waiting=waiting, backend_at=at)
+    return Headroom(
+        generation_tokens_total=total,
+        generation_tokens_live=True,
+        backend_running=running,
+        backend_waiting=waiting,
+        backend_at=at,
+    )
 
 
 def test_streams_are_counted_by_the_gateway_itself() -> None:

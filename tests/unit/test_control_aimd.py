@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from gateway.control.knee_search.aimd import Aimd
 from gateway.control.algorithm import Action, Decision, Reason
 from gateway.control.config import AimdConfig, StartPoint
+from gateway.control.knee_search.aimd import Aimd
 from gateway.control.knee_search.knee import probe_step
 from gateway.control.observation import LimiterState, Observation, observe
 from gateway.control.window import SlidingWindow
@@ -46,8 +46,13 @@ class Drive:
             self.now += interval
             self.tokens += rate * interval
             obs = replace(
-                blank(self.now), tokens_total=self.tokens, tokens_per_s=rate, limit=limit, inflight=inflight,
-                peak_inflight=inflight, queue_depth=max(self.clients - limit, 0),
+                blank(self.now),
+                tokens_total=self.tokens,
+                tokens_per_s=rate,
+                limit=limit,
+                inflight=inflight,
+                peak_inflight=inflight,
+                queue_depth=max(self.clients - limit, 0),
             )
             values = {key: (value(self) if callable(value) else value) for key, value in fields.items()}
             decision = self.aimd.step(replace(obs, **values))
@@ -80,8 +85,15 @@ def test_an_idle_gateway_ignores_a_backend_busy_with_others() -> None:
     """Another gateway fills the shared backend's queue and KV cache; this one has nothing in flight, so
     cutting its limit would relieve nothing and only throttle it when its own clients return."""
     drive = Drive(Aimd(CONFIG, initial_limit=8), clients=0)
-    decisions = drive.run(60, kv_usage=0.99, kv_usage_age_s=0.5, backend_waiting=12, backend_waiting_age_s=0.5,
-                          backend_running=40, backend_running_age_s=0.5)
+    decisions = drive.run(
+        60,
+        kv_usage=0.99,
+        kv_usage_age_s=0.5,
+        backend_waiting=12,
+        backend_waiting_age_s=0.5,
+        backend_running=40,
+        backend_running_age_s=0.5,
+    )
     assert {d.limit for d in decisions} == {8}
     assert {d.reason for d in decisions} == {Reason.NO_DEMAND}
 
@@ -99,8 +111,16 @@ def test_a_cut_while_the_backend_was_full_of_others_load_is_undone_once_demand_i
     drive.run(60, interval=0.5, hard_cap=11)
     assert drive.aimd.limit == 11
     drive.clients = 1
-    others = drive.run(3, interval=0.5, hard_cap=11, kv_usage=0.99, kv_usage_age_s=0.2, backend_running=13,
-                       backend_running_age_s=0.2, queue_depth=0)
+    others = drive.run(
+        3,
+        interval=0.5,
+        hard_cap=11,
+        kv_usage=0.99,
+        kv_usage_age_s=0.2,
+        backend_running=13,
+        backend_running_age_s=0.2,
+        queue_depth=0,
+    )
     cut = [d for d in others if d.action is Action.DECREASE]
     assert cut and cut[0].reason is Reason.KV_USAGE and drive.aimd.limit == 1
     drive.clients = 33
@@ -114,8 +134,9 @@ def test_a_cut_of_a_limit_in_use_is_not_undone() -> None:
     limit stays there (re-probes, not doubling, test the room above)."""
     drive = Drive(Aimd(FAST_TICKS, initial_limit=8), rate=lambda n: 25.0 * min(n, 11), clients=33)
     drive.run(60, interval=0.5, hard_cap=11)
-    drive.run(1, interval=0.5, hard_cap=11, kv_usage=0.99, kv_usage_age_s=0.2, backend_running=11,
-              backend_running_age_s=0.2)
+    drive.run(
+        1, interval=0.5, hard_cap=11, kv_usage=0.99, kv_usage_age_s=0.2, backend_running=11, backend_running_age_s=0.2
+    )
     cut_to = drive.aimd.limit
     assert cut_to == int(11 * CONFIG.kv_usage_resume / 0.99)
     drive.run(4, interval=0.5, hard_cap=11)
@@ -150,8 +171,15 @@ def test_a_headroom_breach_cuts_once_per_window_and_leaves_a_ceiling() -> None:
 
 def test_no_cut_while_requests_admitted_under_a_higher_limit_still_drain() -> None:
     aimd = Aimd(CONFIG, initial_limit=20)
-    obs = replace(blank(10.0), limit=20, inflight=30, peak_inflight=30, queue_depth=5,
-                  preemptions_total=1.0, preemptions_age_s=0.5)
+    obs = replace(
+        blank(10.0),
+        limit=20,
+        inflight=30,
+        peak_inflight=30,
+        queue_depth=5,
+        preemptions_total=1.0,
+        preemptions_age_s=0.5,
+    )
     aimd.step(obs)
     decision = aimd.step(replace(obs, now=12.0, preemptions_total=4.0))
     assert decision.action is Action.HOLD and decision.reason is Reason.COOLDOWN
@@ -173,8 +201,9 @@ def test_stale_backend_metrics_do_not_stop_the_search() -> None:
 def test_a_step_up_is_capped_by_the_room_left_in_the_kv_cache() -> None:
     drive = Drive(Aimd(CONFIG, initial_limit=32))
     # KV usage proportional to the streams: 32 of them fill 60% of the cache
-    drive.run(40, kv_usage=lambda d: 0.6 * d.aimd.limit / 32, kv_usage_age_s=1.0,
-              backend_running=lambda d: d.aimd.limit)
+    drive.run(
+        40, kv_usage=lambda d: 0.6 * d.aimd.limit / 32, kv_usage_age_s=1.0, backend_running=lambda d: d.aimd.limit
+    )
     room = int(0.75 * (CONFIG.kv_usage_resume - 0.6) / (0.6 / 32))
     assert max(d.limit for d in drive.decisions) <= 32 + room
 
@@ -207,8 +236,9 @@ def test_yields_a_step_on_a_full_backend_where_it_holds_most_of_the_load() -> No
     drive = Drive(Aimd(CONFIG, initial_limit=8))
     drive.run(120)
     mine = drive.aimd.limit
-    decisions = drive.run(120, kv_usage=0.9, kv_usage_age_s=1.0, backend_running=lambda d: d.aimd.limit + 10,
-                          backend_running_age_s=1.0)
+    decisions = drive.run(
+        120, kv_usage=0.9, kv_usage_age_s=1.0, backend_running=lambda d: d.aimd.limit + 10, backend_running_age_s=1.0
+    )
     assert any(d.reason is Reason.FAIR_SHARE for d in decisions)
     assert drive.aimd.limit < mine
 
@@ -239,7 +269,7 @@ def test_down_probes_at_the_hard_cap_grow_rare_while_the_point_below_stays_clear
     assert probes, "it still asks"
     # one every 2 periods (60 s) would be 30; doubling the wait, up to 8 periods, leaves a handful
     assert len(probes) <= 8, [round(d.now) for d in probes]
-    spent = sum(1 for d in decisions[len(decisions) // 2:] if d.limit < 4) / (len(decisions) - len(decisions) // 2)
+    spent = sum(1 for d in decisions[len(decisions) // 2 :] if d.limit < 4) / (len(decisions) - len(decisions) // 2)
     assert spent < 0.05
 
 
@@ -334,7 +364,10 @@ def test_a_down_probe_takes_one_step_where_the_knee_estimate_rests_on_a_first_re
     step = probe_step(CONFIG, 32)
     drive = Drive(Aimd(CONFIG, initial_limit=1), lambda n: 100.0 * min(n, 20), clients=96)
     decisions = drive.run(200, interval=0.5, hard_cap=32)
-    downs = [(before.limit, after.limit) for before, after in zip(decisions, decisions[1:])
-             if after.reason is Reason.PROBE and after.action is Action.DECREASE]
+    downs = [
+        (before.limit, after.limit)
+        for before, after in zip(decisions, decisions[1:])
+        if after.reason is Reason.PROBE and after.action is Action.DECREASE
+    ]
     assert len(downs) >= 2
     assert all(after >= before - step for before, after in downs), downs

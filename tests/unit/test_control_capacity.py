@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.control.knee_search.capacity import Footprint, KvRoom, kv_cap
 from gateway.control.config import AimdConfig
+from gateway.control.knee_search.capacity import Footprint, KvRoom, kv_cap
 from gateway.control.observation import LimiterState, Observation, observe
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
 

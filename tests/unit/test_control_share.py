@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gateway.control.knee_search.aimd import Aimd
 from gateway.control.algorithm import Action, Reason
 from gateway.control.config import AimdConfig
+from gateway.control.knee_search.aimd import Aimd
 from gateway.control.knee_search.curve import Curve
 from gateway.control.observation import LimiterState, Observation, observe
 from gateway.control.share import Entry, Peers, cap_share, follow_target, leading, room_share
@@ -81,7 +81,11 @@ def _obs(now: float, limit: int, *, clients: int, kv: float, running: int, peers
     inflight = min(limit, clients)
     return replace(
         observe(now, SlidingWindow(10.0).stats(now), LimiterState(limit, inflight, inflight, max(clients - limit, 0))),
-        kv_usage=kv, kv_usage_age_s=0.5, backend_running=running, backend_running_age_s=0.5, peers=peers,
+        kv_usage=kv,
+        kv_usage_age_s=0.5,
+        backend_running=running,
+        backend_running_age_s=0.5,
+        peers=peers,
     )
 
 
@@ -89,17 +93,23 @@ def test_a_follower_moves_with_the_leader_up_and_down_and_searches_nothing() -> 
     aimd = Aimd(CONFIG, initial_limit=8)
     up = aimd.step(_obs(2.0, 8, clients=40, kv=0.2, running=30, peers=Peers(1, 40, 22, 0.5, Entry(40, 22, 1.9, "a"))))
     assert up.reason is Reason.FOLLOW and up.limit == 22
-    held = aimd.step(_obs(4.0, 22, clients=40, kv=0.2, running=44, peers=Peers(1, 40, 22, 0.5, Entry(40, 22, 3.9, "a"))))
+    held = aimd.step(
+        _obs(4.0, 22, clients=40, kv=0.2, running=44, peers=Peers(1, 40, 22, 0.5, Entry(40, 22, 3.9, "a")))
+    )
     assert held.reason is Reason.FOLLOW and held.action is Action.HOLD
     # the leader's exploratory step down is followed at once: it measures the whole fleet there
-    down = aimd.step(_obs(6.0, 22, clients=40, kv=0.2, running=44, peers=Peers(1, 40, 16, 0.5, Entry(40, 16, 5.9, "a"))))
+    down = aimd.step(
+        _obs(6.0, 22, clients=40, kv=0.2, running=44, peers=Peers(1, 40, 16, 0.5, Entry(40, 16, 5.9, "a")))
+    )
     assert down.reason is Reason.FOLLOW and down.limit == 16
 
 
 def test_a_followers_step_up_stops_at_its_part_of_the_room_left() -> None:
     aimd = Aimd(CONFIG, initial_limit=8)
     # KV 0.85 with 30 running: room for floor(0.75 * 0.05 / (0.85 / 30)) = 1 more; its part of 1 is 0
-    decision = aimd.step(_obs(2.0, 8, clients=40, kv=0.85, running=30, peers=Peers(1, 40, 22, 0.5, Entry(40, 22, 1.9, "a"))))
+    decision = aimd.step(
+        _obs(2.0, 8, clients=40, kv=0.85, running=30, peers=Peers(1, 40, 22, 0.5, Entry(40, 22, 1.9, "a")))
+    )
     assert decision.reason is Reason.FOLLOW and decision.limit == 8
 
 
@@ -107,8 +117,11 @@ def test_a_follower_that_does_not_use_its_limit_comes_down_to_its_part() -> None
     """Slots a replica holds unused are slots the other replicas' clients queue for: 4 clients beside
     the leader's 40 at 22 get 22 x 4 / 40 = 2.2 of them."""
     aimd = Aimd(CONFIG, initial_limit=8)
-    obs = replace(_obs(2.0, 8, clients=4, kv=0.5, running=30, peers=Peers(1, 40, 22, 0.5, Entry(40, 22, 1.9, "a"))),
-                  queue_depth=0, peak_inflight=4)
+    obs = replace(
+        _obs(2.0, 8, clients=4, kv=0.5, running=30, peers=Peers(1, 40, 22, 0.5, Entry(40, 22, 1.9, "a"))),
+        queue_depth=0,
+        peak_inflight=4,
+    )
     decision = aimd.step(obs)
     assert decision.reason is Reason.FOLLOW and decision.limit == 2
 

@@ -8,8 +8,8 @@ import pytest
 
 from gateway.control.algorithm import Reason
 from gateway.control.config import AimdConfig
-from gateway.control.observation import GpuHeadroom, Headroom, LimiterState, observe
 from gateway.control.knee_search.signals import CongestionDetector
+from gateway.control.observation import GpuHeadroom, Headroom, LimiterState, observe
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
 
 CONFIG = AimdConfig()
@@ -41,8 +41,17 @@ def test_a_lone_error_in_a_busy_window_is_noise() -> None:
 def test_client_cancellations_and_4xx_never_count() -> None:
     window = SlidingWindow(10.0)
     for i, outcome in enumerate([Outcome.CLIENT_CANCELLED, Outcome.CLIENT_ERROR] * 5):
-        window.add(RequestSample(arrived=90 + i * 0.1, admitted=90 + i * 0.1, finished=95, first_token=None,
-                                 prompt_tokens=10, output_tokens=0, outcome=outcome))
+        window.add(
+            RequestSample(
+                arrived=90 + i * 0.1,
+                admitted=90 + i * 0.1,
+                finished=95,
+                first_token=None,
+                prompt_tokens=10,
+                output_tokens=0,
+                outcome=outcome,
+            )
+        )
     obs = observe(100.0, window.stats(100.0), LimiterState(16, 16, 16, 4))
     assert obs.completed == 10 and obs.failures == 0
     assert CongestionDetector(CONFIG).update(obs) == []
@@ -63,8 +72,14 @@ def test_kv_usage_must_persist_and_a_single_crossing_only_blocks() -> None:
 
 def test_stale_or_missing_backend_metrics_are_ignored_never_fail_closed() -> None:
     detector = CongestionDetector(CONFIG)
-    stale = base_obs(kv_usage=0.99, kv_usage_age_s=60.0, backend_waiting=30, backend_waiting_age_s=60.0,
-                     preemptions_total=5.0, preemptions_age_s=60.0)
+    stale = base_obs(
+        kv_usage=0.99,
+        kv_usage_age_s=60.0,
+        backend_waiting=30,
+        backend_waiting_age_s=60.0,
+        preemptions_total=5.0,
+        preemptions_age_s=60.0,
+    )
     for tick in range(5):
         stale = replace(stale, now=100.0 + 2 * tick, preemptions_total=5.0 + tick)
         assert detector.update(stale) == []
@@ -117,14 +132,15 @@ def test_gpu_memory_floor_cuts_once_then_only_if_it_keeps_falling() -> None:
 
 def test_gpu_headroom_from_nvml_readings_through_observe() -> None:
     gpus = (GpuHeadroom(0, 80 * 2**30, 40 * 2**30, 0.5, "a"), GpuHeadroom(1, 80 * 2**30, 2**30, None, "b"))
-    obs = observe(100.0, SlidingWindow(10.0).stats(100.0), LimiterState(8, 8, 8, 0),
-                  Headroom(gpus=gpus, gpus_at=97.0))
+    obs = observe(100.0, SlidingWindow(10.0).stats(100.0), LimiterState(8, 8, 8, 0), Headroom(gpus=gpus, gpus_at=97.0))
     assert obs.gpu_memory_free_min == pytest.approx(1 / 80)
     assert obs.gpu_utilization_max == 0.5
     assert obs.gpus_age_s == pytest.approx(3.0)
 
 
-@pytest.mark.parametrize("name,value,slo_name", [("ttft_p99", 4.0, "ttft_p99_slo_s"), ("tpot_p99", 0.2, "tpot_p99_slo_s")])
+@pytest.mark.parametrize(
+    "name,value,slo_name", [("ttft_p99", 4.0, "ttft_p99_slo_s"), ("tpot_p99", 0.2, "tpot_p99_slo_s")]
+)
 def test_latency_over_its_objective_cuts_in_proportion_once_confirmed(name: str, value: float, slo_name: str) -> None:
     detector = CongestionDetector(CONFIG)
     over = base_obs(latency_samples=CONFIG.min_samples, **{name: value})
@@ -146,8 +162,9 @@ def test_requests_in_transit_to_the_next_engine_step_are_not_a_queue() -> None:
     """vLLM reports its waiting gauge per step, and a request that arrives mid-step waits for the next
     one: 1-2 waiting beside 26 running, at every scrape for longer than the persistence, is no queue."""
     detector = CongestionDetector(CONFIG)
-    transit = base_obs(now=100.0, backend_waiting=2, backend_waiting_age_s=1.0, backend_running=26,
-                       backend_running_age_s=1.0)
+    transit = base_obs(
+        now=100.0, backend_waiting=2, backend_waiting_age_s=1.0, backend_running=26, backend_running_age_s=1.0
+    )
     for now in range(100, 131, 2):
         assert detector.update(replace(transit, now=float(now))) == []
         assert detector.blocking(replace(transit, now=float(now))) is None

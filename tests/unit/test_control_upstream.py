@@ -8,14 +8,21 @@ import pytest
 
 from gateway.control.algorithm import Action, Decision, Reason
 from gateway.control.config import AimdConfig, StartPoint
-from gateway.control.observation import GpuHeadroom, Headroom, Latency, LimiterState, Observation, observe
 from gateway.control.controller import UpstreamControl
+from gateway.control.observation import GpuHeadroom, Headroom, Latency, LimiterState, Observation, observe
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
 
 
 def sample(admitted: float, *, ttft: float = 0.2, dur: float = 5.0, out: int = 101) -> RequestSample:
-    return RequestSample(arrived=admitted - 1.0, admitted=admitted, finished=admitted + dur,
-                         first_token=admitted + ttft, prompt_tokens=100, output_tokens=out, outcome=Outcome.OK)
+    return RequestSample(
+        arrived=admitted - 1.0,
+        admitted=admitted,
+        finished=admitted + dur,
+        first_token=admitted + ttft,
+        prompt_tokens=100,
+        output_tokens=out,
+        outcome=Outcome.OK,
+    )
 
 
 def test_observe_folds_the_tick_inputs_with_ages() -> None:
@@ -23,8 +30,15 @@ def test_observe_folds_the_tick_inputs_with_ages() -> None:
     for i in range(4):
         window.add(sample(90.0 + i))
     window.add_tokens(99.5, 400)
-    headroom = Headroom(gpus=(GpuHeadroom(0, 100, 25, 0.9),), gpus_at=95.0, kv_usage=0.5, backend_running=7,
-                        backend_waiting=0, preemptions_total=3.0, backend_at=99.0)
+    headroom = Headroom(
+        gpus=(GpuHeadroom(0, 100, 25, 0.9),),
+        gpus_at=95.0,
+        kv_usage=0.5,
+        backend_running=7,
+        backend_waiting=0,
+        preemptions_total=3.0,
+        backend_at=99.0,
+    )
     obs = observe(100.0, window.stats(100.0), LimiterState(8, 6, 8, 2), headroom, hard_cap=0, tokens_total=400)
     assert obs.tokens_total == 400 and obs.completed == 4 and obs.latency_samples == 4
     assert obs.ttft_p99 == pytest.approx(0.2)  # net of the gateway's queue (1 s here)

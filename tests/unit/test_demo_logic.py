@@ -5,30 +5,46 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.sweep.finder import find_sweet_spot, judge
-from gateway.sweep.live import LiveStats
-from gateway.sweep.loadgen import PoolStats
-from gateway.sweep.result import SLO, LevelMetrics, ServerInfo, Stats, SweepResult, SweepSettings
 from gateway.demo.reference import reference_for, slowed_level
 from gateway.demo.script import DEFAULT, QUICK, gateway_env, is_judged, scaled_slo
 from gateway.demo.summary import MISS, NO_DATA, NOT_JUDGED, PASS, overall, summarize
 from gateway.demo.timeline import Sample, build_sample
 from gateway.settings import Settings
+from gateway.sweep.finder import find_sweet_spot, judge
+from gateway.sweep.live import LiveStats
+from gateway.sweep.loadgen import PoolStats
+from gateway.sweep.result import SLO, LevelMetrics, ServerInfo, Stats, SweepResult, SweepSettings
 
 # tokens/s, p99 TTFT ms, p99 TPOT ms, shaped like the default profile at 2x (sweet spot 32 at 90%)
 CURVE = {8: (1070, 30, 8), 16: (1740, 47, 9), 24: (2100, 57, 12), 32: (2190, 59, 15), 48: (2350, 97, 20)}
 
 
 def sweep(slo: SLO = SLO(ttft_ms=1000, tpot_ms=50), curve: dict = CURVE) -> SweepResult:
-    levels = [judge(LevelMetrics(concurrency=c, output_tokens_per_s=tps, completed=50, requests=50,
-                                 ttft_ms=Stats(count=50, p50=ttft / 2, p99=ttft),
-                                 tpot_ms=Stats(count=50, p50=tpot / 2, p99=tpot)), slo)
-              for c, (tps, ttft, tpot) in curve.items()]
+    levels = [
+        judge(
+            LevelMetrics(
+                concurrency=c,
+                output_tokens_per_s=tps,
+                completed=50,
+                requests=50,
+                ttft_ms=Stats(count=50, p50=ttft / 2, p99=ttft),
+                tpot_ms=Stats(count=50, p50=tpot / 2, p99=tpot),
+            ),
+            slo,
+        )
+        for c, (tps, ttft, tpot) in curve.items()
+    ]
     verdict = find_sweet_spot(levels, slo=slo)
-    return SweepResult(server=ServerInfo(url="http://sim", api="chat", model="m"),
-                       settings=SweepSettings(levels=list(curve), slo=slo), levels=levels,
-                       peak_tokens_per_s=verdict.peak_tokens_per_s, peak_concurrency=verdict.peak_concurrency,
-                       sweet_spot=verdict.sweet_spot, cliff=verdict.cliff, verdict=verdict.reason)
+    return SweepResult(
+        server=ServerInfo(url="http://sim", api="chat", model="m"),
+        settings=SweepSettings(levels=list(curve), slo=slo),
+        levels=levels,
+        peak_tokens_per_s=verdict.peak_tokens_per_s,
+        peak_concurrency=verdict.peak_concurrency,
+        sweet_spot=verdict.sweet_spot,
+        cliff=verdict.cliff,
+        verdict=verdict.reason,
+    )
 
 
 def test_reference_at_normal_speed_is_the_sweeps_sweet_spot() -> None:
@@ -85,10 +101,30 @@ def test_a_phase_is_judged_only_when_demand_exceeds_the_sweet_spot() -> None:
     assert is_judged(40, 32) and not is_judged(39, 32)
 
 
-LIVE = LiveStats(horizon_s=4, chunks_per_s=1234.5, requests_per_s=9, ttft_p99_ms=None, tpot_p99_ms=None,
-                 ok=3, failed=0, rejected=0, in_flight=30, waiting=0)
-POOL = PoolStats(concurrency=64, in_flight=64, waiting=0, started=100, completed=36, ok=35, failed=1, rejected=0,
-                 chunks=5000, output_tokens=4000)
+LIVE = LiveStats(
+    horizon_s=4,
+    chunks_per_s=1234.5,
+    requests_per_s=9,
+    ttft_p99_ms=None,
+    tpot_p99_ms=None,
+    ok=3,
+    failed=0,
+    rejected=0,
+    in_flight=30,
+    waiting=0,
+)
+POOL = PoolStats(
+    concurrency=64,
+    in_flight=64,
+    waiting=0,
+    started=100,
+    completed=36,
+    ok=35,
+    failed=1,
+    rejected=0,
+    chunks=5000,
+    output_tokens=4000,
+)
 WINDOW = {"output_tokens_per_s": 2100.0, "upstream_ttft_p99": 0.06, "ttft_p99": 3.2, "tpot_p99": 0.015}
 
 
@@ -105,20 +141,36 @@ def test_sample_without_a_controller_reads_the_static_limit() -> None:
 
 
 def test_sample_reads_the_controller_when_there_is_one() -> None:
-    controller = {"limit": 28, "last_decision": {"action": "hold", "reason": "steady", "limit": 28},
-                  "decisions": [{"action": "decrease", "reason": "knee", "previous": 32, "limit": 24},
-                                {"action": "increase", "reason": "probe", "previous": 24, "limit": 28},
-                                {"action": "hold", "reason": "steady", "previous": 28, "limit": 28}]}
-    state = {"queue": {"depth": 0}, "upstreams": [{"limit": 28, "inflight": 20, "window": WINDOW,
-                                                   "controller": controller}]}
+    controller = {
+        "limit": 28,
+        "last_decision": {"action": "hold", "reason": "steady", "limit": 28},
+        "decisions": [
+            {"action": "decrease", "reason": "knee", "previous": 32, "limit": 24},
+            {"action": "increase", "reason": "probe", "previous": 24, "limit": 28},
+            {"action": "hold", "reason": "steady", "previous": 28, "limit": 28},
+        ],
+    }
+    state = {
+        "queue": {"depth": 0},
+        "upstreams": [{"limit": 28, "inflight": 20, "window": WINDOW, "controller": controller}],
+    }
     s = build_sample(1.0, 0, state, None, LIVE, POOL)
     assert (s.limit, s.action, s.reason) == (28, "hold", "steady")
     assert s.last_move == "increase 24->28 (probe)"
     assert s.backend_running is None and s.kv_usage is None
 
 
-@pytest.mark.parametrize("state", [None, {}, {"upstreams": []}, {"upstreams": ["x"]}, {"queue": 5, "upstreams": [{}]},
-                                   {"upstreams": [{"limit": "many", "window": None, "controller": 3}]}])
+@pytest.mark.parametrize(
+    "state",
+    [
+        None,
+        {},
+        {"upstreams": []},
+        {"upstreams": ["x"]},
+        {"queue": 5, "upstreams": [{}]},
+        {"upstreams": [{"limit": "many", "window": None, "controller": 3}]},
+    ],
+)
 def test_sample_survives_any_state_shape(state: object) -> None:
     s = build_sample(1.0, 0, state, {"kv_usage": True}, LIVE, POOL)
     assert s.limit is None and s.queued is None and s.action is None and s.kv_usage is None
@@ -126,9 +178,22 @@ def test_sample_survives_any_state_shape(state: object) -> None:
 
 
 def row(t: float, phase: int, limit: int | None, clients: int = 64, **kw: object) -> Sample:
-    base = dict(inflight=limit, queued=0, tokens_per_s=1000.0, gateway_tokens_per_s=None, ttft_p99_ms=None,
-                client_ttft_p99_ms=None, tpot_p99_ms=10.0, backend_running=None, backend_waiting=None,
-                kv_usage=0.5, preemptions=0, ok=0, failed=0, rejected=0)
+    base = dict(
+        inflight=limit,
+        queued=0,
+        tokens_per_s=1000.0,
+        gateway_tokens_per_s=None,
+        ttft_p99_ms=None,
+        client_ttft_p99_ms=None,
+        tpot_p99_ms=10.0,
+        backend_running=None,
+        backend_waiting=None,
+        kv_usage=0.5,
+        preemptions=0,
+        ok=0,
+        failed=0,
+        rejected=0,
+    )
     base.update(kw)
     return Sample(t=t, phase=phase, clients=clients, limit=limit, **base)  # type: ignore[arg-type]
 

@@ -30,8 +30,10 @@ SCHEMA_SHA256 = "bc50c2d79102aed8df21b3a13e56c9396c7a06da6cff5ce37629f2ee7eb4173
 PROFILES = ("gpu", "sim")
 
 # Compose interpolation: $$ escapes, ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?err}, ${VAR?err}, $VAR.
-_VAR = re.compile(r"\$(?:(?P<escaped>\$)|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?P<op>:?[-?])?(?P<arg>[^}]*)\}"
-                  r"|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))")
+_VAR = re.compile(
+    r"\$(?:(?P<escaped>\$)|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?P<op>:?[-?])?(?P<arg>[^}]*)\}"
+    r"|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))"
+)
 
 
 def vllm_flags(args: list[str]) -> dict[str, str]:
@@ -108,9 +110,9 @@ def interpolate(node: Any, env: dict[str, str]) -> Any:
         name = m.group("braced") or m.group("plain")
         op, arg = m.group("op"), m.group("arg")
         value = env.get(name)
-        if op == ":-" and not value or op == "-" and value is None:
+        if (op == ":-" and not value) or (op == "-" and value is None):
             return arg
-        if op == ":?" and not value or op == "?" and value is None:
+        if (op == ":?" and not value) or (op == "?" and value is None):
             raise RequiredVariableUnset(f"{name}: {arg}")
         if value is None:
             raise AssertionError(f"${{{name}}} is unset and has no default")
@@ -145,7 +147,9 @@ def network_names(doc: dict[str, Any], profile: str) -> dict[str, str]:
     """Hostname -> service, for every service name and network alias reachable in a profile."""
     names: dict[str, str] = {}
     for name, svc in active_services(doc, profile).items():
-        for alias in [name] + [a for net in (svc.get("networks") or {}).values() if net for a in net.get("aliases", [])]:
+        for alias in [name] + [
+            a for net in (svc.get("networks") or {}).values() if net for a in net.get("aliases", [])
+        ]:
             assert alias not in names, f"profile {profile}: hostname {alias!r} is claimed by {names[alias]} and {name}"
             names[alias] = name
     return names
@@ -159,6 +163,7 @@ def container_port(svc: dict[str, Any], port: int) -> bool:
 
 
 # ---- the schema and the file against it --------------------------------------------------------
+
 
 def test_schema_fixture_is_the_stored_upstream_copy() -> None:
     digest = hashlib.sha256(SCHEMA.read_bytes()).hexdigest()
@@ -186,6 +191,7 @@ def test_the_schema_catches_a_broken_compose_file(compose: dict[str, Any]) -> No
 
 
 # ---- variables: every one documented in .env.example, with the same default ------------------
+
 
 def test_every_variable_is_documented_in_env_example_with_the_same_default(
     raw: dict[str, Any], env_example: dict[str, str]
@@ -257,6 +263,7 @@ def test_env_example_selects_a_real_profile(raw: dict[str, Any], env_example: di
 
 # ---- references to the repository ---------------------------------------------------------------
 
+
 def test_build_contexts_and_dockerfiles_exist(compose: dict[str, Any]) -> None:
     built = {name: svc["build"] for name, svc in compose["services"].items() if "build" in svc}
     assert {"sweetspot", "sweetspot-sim", "sim"} <= set(built)
@@ -290,7 +297,9 @@ def test_bind_mounts_and_named_volumes_resolve(compose: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-def test_depends_on_targets_run_in_the_same_profile_and_have_healthchecks(compose: dict[str, Any], profile: str) -> None:
+def test_depends_on_targets_run_in_the_same_profile_and_have_healthchecks(
+    compose: dict[str, Any], profile: str
+) -> None:
     services = active_services(compose, profile)
     for name, svc in services.items():
         for dep, spec in (svc.get("depends_on") or {}).items():
@@ -309,6 +318,7 @@ def test_each_profile_runs_a_backend_a_gateway_prometheus_and_grafana(compose: d
 
 
 # ---- the gateway: settings by environment only ---------------------------------------------------
+
 
 def gateway_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {n: s for n, s in compose["services"].items() if n.startswith("sweetspot")}
@@ -352,15 +362,20 @@ def test_vllm_options_come_from_the_environment_file(raw: dict[str, Any]) -> Non
     command = raw["services"]["vllm"]["command"]
     assert command[0].startswith("${MODEL"), "the model is vllm serve's positional argument, from $MODEL"
     options = dict(zip(command[1::2], command[2::2]))
-    for flag, var in (("--max-model-len", "MAX_MODEL_LEN"),
-                      ("--gpu-memory-utilization", "GPU_MEMORY_UTILIZATION"), ("--max-num-seqs", "MAX_NUM_SEQS")):
+    for flag, var in (
+        ("--max-model-len", "MAX_MODEL_LEN"),
+        ("--gpu-memory-utilization", "GPU_MEMORY_UTILIZATION"),
+        ("--max-num-seqs", "MAX_NUM_SEQS"),
+    ):
         assert options[flag].startswith("${" + var), f"vllm {flag} should come from ${var}"
     assert options["--port"] == "8000"
     health = " ".join(raw["services"]["vllm"]["healthcheck"]["test"])
     assert "/health" in health
 
 
-def test_the_gateways_limit_is_bounded_by_vllms_max_num_seqs(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_gateways_limit_is_bounded_by_vllms_max_num_seqs(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """vLLM does not publish --max-num-seqs; the gateway gets the same value, so its hard cap knows it."""
     command = compose["services"]["vllm"]["command"]
     max_num_seqs = int(vllm_flags(command)["--max-num-seqs"])
@@ -393,6 +408,7 @@ def test_sim_command_uses_real_cli_options(compose: dict[str, Any]) -> None:
 
 # ---- Prometheus and Grafana wiring ---------------------------------------------------------------
 
+
 def mount_target(svc: dict[str, Any], repo_path: str) -> str:
     for volume in svc["volumes"]:
         source, target, *_ = volume.split(":")
@@ -419,7 +435,8 @@ def test_prometheus_targets_are_services_on_their_ports(compose: dict[str, Any],
             assert host in names, f"profile {profile}: job {job['job_name']} scrapes {host}, which is no service"
             svc = services[names[host]]
             listens = container_port(svc, int(port)) or (
-                "SWEETSPOT_PORT" in svc.get("environment", {}) and svc["environment"]["SWEETSPOT_PORT"] == port)
+                "SWEETSPOT_PORT" in svc.get("environment", {}) and svc["environment"]["SWEETSPOT_PORT"] == port
+            )
             assert listens, f"profile {profile}: {names[host]} does not listen on {port}"
 
 
@@ -432,7 +449,7 @@ def test_grafana_provisioning_resolves(compose: dict[str, Any]) -> None:
     assert [p["options"]["path"] for p in providers] == [dashboards_dir]
     home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert home.startswith(dashboards_dir + "/")
-    assert (ROOT / "deploy/grafana/dashboards" / home[len(dashboards_dir) + 1:]).is_file()
+    assert (ROOT / "deploy/grafana/dashboards" / home[len(dashboards_dir) + 1 :]).is_file()
 
     datasources = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
     (source,) = datasources["datasources"]

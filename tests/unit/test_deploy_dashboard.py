@@ -25,19 +25,40 @@ RULES = ROOT / "deploy" / "prometheus" / "sweetspot-alerts.yml"
 
 VLLM_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 VLLM_COUNTERS = ("vllm:num_preemptions_total", "vllm:generation_tokens_total", "vllm:prompt_tokens_total")
-VLLM_HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-                   "vllm:e2e_request_latency_seconds")
+VLLM_HISTOGRAMS = (
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:e2e_request_latency_seconds",
+)
 PROMETHEUS_SERIES = ("up",)
 
-_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
-             "offset", "inf", "nan", "atan2"}
+_KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "inf",
+    "nan",
+    "atan2",
+}
 
 
 def exported_names(registry: CollectorRegistry) -> set[str]:
     names: set[str] = set()
     for family in registry.collect():
-        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "info": ("_info",),
-                    "summary": ("_sum", "_count")}.get(family.type, ("",))
+        suffixes = {
+            "counter": ("_total",),
+            "histogram": ("_bucket", "_sum", "_count"),
+            "info": ("_info",),
+            "summary": ("_sum", "_count"),
+        }.get(family.type, ("",))
         names |= {family.name + s for s in suffixes}
     return names
 
@@ -78,8 +99,10 @@ DASH = json.loads(DASHBOARD.read_text())
 
 
 def test_metric_name_extraction() -> None:
-    expr = ('histogram_quantile(0.99, sum by (le, upstream) (rate(sweetspot_ttft_seconds_bucket{upstream=~"$upstream"}'
-            '[$__rate_interval]))) / on (job) group_left up{job="x"} > bool 1e-9 and vllm:num_requests_running')
+    expr = (
+        'histogram_quantile(0.99, sum by (le, upstream) (rate(sweetspot_ttft_seconds_bucket{upstream=~"$upstream"}'
+        '[$__rate_interval]))) / on (job) group_left up{job="x"} > bool 1e-9 and vllm:num_requests_running'
+    )
     assert metric_names(expr) == {"sweetspot_ttft_seconds_bucket", "up", "vllm:num_requests_running"}
 
 
@@ -93,11 +116,26 @@ def test_every_metric_named_exists(where: str, expr: str) -> None:
 
 def test_panels_cover_what_operators_need() -> None:
     titles = {title for title, _ in dashboard_targets(DASH)}
-    for needed in ("Limit vs in-flight vs queued", "Output tokens/s", "Time to first token", "Time per output token",
-                   "Queue wait (admitted)", "Rejections by reason", "Controller decisions by reason", "GPU headroom",
-                   "Upstream KV-cache usage", "Upstream running and waiting", "Gateway overhead",
-                   "Preemptions", "Retries and failovers", "Backend scrape errors", "Prompt tokens/s",
-                   "Queue wait by outcome", "Event-loop lag", "Tokens per request"):
+    for needed in (
+        "Limit vs in-flight vs queued",
+        "Output tokens/s",
+        "Time to first token",
+        "Time per output token",
+        "Queue wait (admitted)",
+        "Rejections by reason",
+        "Controller decisions by reason",
+        "GPU headroom",
+        "Upstream KV-cache usage",
+        "Upstream running and waiting",
+        "Gateway overhead",
+        "Preemptions",
+        "Retries and failovers",
+        "Backend scrape errors",
+        "Prompt tokens/s",
+        "Queue wait by outcome",
+        "Event-loop lag",
+        "Tokens per request",
+    ):
         assert needed in titles, f"no panel {needed!r}"
 
 
@@ -105,7 +143,7 @@ def test_upstream_variable_is_defined_and_used() -> None:
     (variable,) = [v for v in DASH["templating"]["list"] if v["name"] == "upstream"]
     assert variable["query"]["query"] == "label_values(sweetspot_limit, upstream)"
     assert variable["includeAll"] and variable["allValue"] == ".*"
-    per_upstream = [e for _, e in dashboard_targets(DASH) if "upstream=~\"$upstream\"" in e]
+    per_upstream = [e for _, e in dashboard_targets(DASH) if 'upstream=~"$upstream"' in e]
     assert len(per_upstream) >= 20
 
 
@@ -115,7 +153,7 @@ def test_panel_ids_are_unique_and_the_grid_does_not_overlap() -> None:
     cells: dict[tuple[int, int], str] = {}
     for panel in DASH["panels"]:
         g = panel["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, panel["title"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, panel["title"]
         for x in range(g["x"], g["x"] + g["w"]):
             for y in range(g["y"], g["y"] + g["h"]):
                 assert (x, y) not in cells, f"{panel['title']} overlaps {cells[(x, y)]}"
@@ -126,8 +164,14 @@ def test_alerts_have_durations_severity_and_annotations() -> None:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     alerts = [rule for group in groups for rule in group["rules"] if "alert" in rule]
     names = {a["alert"] for a in alerts}
-    for needed in ("SweetspotQueueSaturated", "SweetspotRejectionRateHigh", "SweetspotControllerPinnedAtMinimum",
-                   "SweetspotUpstreamUnhealthy", "SweetspotBackendMetricsStale", "SweetspotBackendKVCacheNearFull"):
+    for needed in (
+        "SweetspotQueueSaturated",
+        "SweetspotRejectionRateHigh",
+        "SweetspotControllerPinnedAtMinimum",
+        "SweetspotUpstreamUnhealthy",
+        "SweetspotBackendMetricsStale",
+        "SweetspotBackendKVCacheNearFull",
+    ):
         assert needed in names
     for alert in alerts:
         assert re.fullmatch(r"\d+[smh]", alert["for"]), alert["alert"]
@@ -169,9 +213,12 @@ def test_hard_cap_has_its_own_axis() -> None:
     """A hard cap in the thousands beside a limit of 8 would flatten both on one axis."""
     (panel,) = [p for p in DASH["panels"] if p["title"] == "Limit vs in-flight vs queued"]
     (cap,) = [t for t in panel["targets"] if "sweetspot_limit_hard_cap" in t["expr"]]
-    overrides = [o for o in panel["fieldConfig"]["overrides"]
-                 if o["matcher"] == {"id": "byFrameRefID", "options": cap["refId"]}]
+    overrides = [
+        o for o in panel["fieldConfig"]["overrides"] if o["matcher"] == {"id": "byFrameRefID", "options": cap["refId"]}
+    ]
     properties = {p["id"]: p["value"] for o in overrides for p in o["properties"]}
     assert properties.get("custom.axisPlacement") == "right"
     others = [t for t in panel["targets"] if t is not cap]
-    assert not any(o["matcher"].get("options") in {t["refId"] for t in others} for o in panel["fieldConfig"]["overrides"])
+    assert not any(
+        o["matcher"].get("options") in {t["refId"] for t in others} for o in panel["fieldConfig"]["overrides"]
+    )

@@ -85,8 +85,9 @@ def test_hadolint_is_a_working_binary_that_finds_problems(tmp_path: Path) -> Non
     """Guard against a stub: the same binary must reject a Dockerfile with known mistakes."""
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM python:latest\nRUN apt-get update && apt-get install -y curl\nRUN cd /app\n")
-    result = subprocess.run([hadolint(), "--no-color", "--format", "json", str(bad)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [hadolint(), "--no-color", "--format", "json", str(bad)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode != 0
     codes = {finding["code"] for finding in json.loads(result.stdout)}
     assert {"DL3007", "DL3008", "DL3009", "DL3003"} <= codes, codes
@@ -146,7 +147,7 @@ def test_settings_by_environment_only(stages: list[Stage]) -> None:
 def test_healthcheck_probes_healthz_with_python(stages: list[Stage]) -> None:
     (check,) = stages[-1].all("HEALTHCHECK")
     assert "/healthz" in check and "SWEETSPOT_PORT" in check
-    command = json.loads(check[check.index("CMD") + 3:].strip())
+    command = json.loads(check[check.index("CMD") + 3 :].strip())
     assert command[:2] == ["python", "-c"], command
     assert "curl" not in check and "wget" not in check
     compile(command[2], "<healthcheck>", "exec")

@@ -24,12 +24,18 @@ from gateway.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule"),
-                ("kustomize.config.k8s.io/v1beta1", "Kustomization")}
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
+}
 ENV_FILE = K8S / "sweetspot.env"
 
 _LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
-_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_DURATION = {
+    "type": "string",
+    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
 _RELABEL = {
     "type": "object",
     "additionalProperties": False,
@@ -40,10 +46,32 @@ _RELABEL = {
         "regex": {"type": "string"},
         "modulus": {"type": "integer", "minimum": 0},
         "replacement": {"type": "string"},
-        "action": {"enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod",
-                            "labelmap", "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep",
-                            "lowercase", "Lowercase", "uppercase", "Uppercase", "keepequal", "KeepEqual",
-                            "dropequal", "DropEqual"]},
+        "action": {
+            "enum": [
+                "replace",
+                "Replace",
+                "keep",
+                "Keep",
+                "drop",
+                "Drop",
+                "hashmod",
+                "HashMod",
+                "labelmap",
+                "LabelMap",
+                "labeldrop",
+                "LabelDrop",
+                "labelkeep",
+                "LabelKeep",
+                "lowercase",
+                "Lowercase",
+                "uppercase",
+                "Uppercase",
+                "keepequal",
+                "KeepEqual",
+                "dropequal",
+                "DropEqual",
+            ]
+        },
     },
 }
 SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
@@ -57,8 +85,12 @@ SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
         "metadata": {
             "type": "object",
             "required": ["name"],
-            "properties": {"name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
-                           "namespace": {"type": "string"}, "labels": _LABELS, "annotations": _LABELS},
+            "properties": {
+                "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+                "namespace": {"type": "string"},
+                "labels": _LABELS,
+                "annotations": _LABELS,
+            },
         },
         "spec": {
             "type": "object",
@@ -68,11 +100,19 @@ SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
                 "jobLabel": {"type": "string"},
                 "targetLabels": {"type": "array", "items": {"type": "string"}},
                 "podTargetLabels": {"type": "array", "items": {"type": "string"}},
-                "selector": {"type": "object", "additionalProperties": False,
-                             "properties": {"matchLabels": _LABELS, "matchExpressions": {"type": "array"}}},
-                "namespaceSelector": {"type": "object", "additionalProperties": False,
-                                      "properties": {"any": {"type": "boolean"},
-                                                     "matchNames": {"type": "array", "items": {"type": "string"}}}},
+                "selector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"matchLabels": _LABELS, "matchExpressions": {"type": "array"}},
+                },
+                "namespaceSelector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "any": {"type": "boolean"},
+                        "matchNames": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
                 "endpoints": {
                     "type": "array",
                     "minItems": 1,
@@ -132,15 +172,24 @@ def _id(item: tuple[str, dict[str, Any]]) -> str:
 
 def test_the_manifests_hold_what_a_multi_replica_deployment_needs() -> None:
     kinds = {doc["kind"] for _, doc in DOCS}
-    assert {"Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor", "StatefulSet", "NetworkPolicy",
-            "PrometheusRule"} <= kinds
+    assert {
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "ServiceMonitor",
+        "StatefulSet",
+        "NetworkPolicy",
+        "PrometheusRule",
+    } <= kinds
     assert one("Deployment", "sweetspot")["spec"]["replicas"] >= 2
     assert one("StatefulSet", "vllm")["spec"]["replicas"] >= 2
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("item", [d for d in DOCS if (d[1]["apiVersion"], d[1]["kind"]) not in CUSTOM_KINDS], ids=_id)
-def test_builtin_kinds_validate_against_the_kubernetes_openapi_schemas(item: tuple[str, dict[str, Any]], version: str) -> None:
+def test_builtin_kinds_validate_against_the_kubernetes_openapi_schemas(
+    item: tuple[str, dict[str, Any]], version: str
+) -> None:
     _, doc = item
     try:
         kubernetes_validate.validate(doc, version, strict=True)
@@ -189,6 +238,7 @@ def test_everything_lives_in_the_namespace() -> None:
 
 # ---- wiring between the objects -----------------------------------------------------------------
 
+
 def pod_labels(workload: dict[str, Any]) -> dict[str, str]:
     return workload["spec"]["template"]["metadata"]["labels"]
 
@@ -209,10 +259,13 @@ def test_services_pdbs_and_monitors_select_their_pods(kind: str, name: str) -> N
     assert selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
     assert monitor["metadata"]["namespace"] in monitor["spec"]["namespaceSelector"]["matchNames"]
     service_ports = {p["name"]: p for p in service["spec"]["ports"]}
-    container_ports = {p["name"]: p["containerPort"] for c in workload["spec"]["template"]["spec"]["containers"]
-                       for p in c["ports"]}
+    container_ports = {
+        p["name"]: p["containerPort"] for c in workload["spec"]["template"]["spec"]["containers"] for p in c["ports"]
+    }
     for endpoint in monitor["spec"]["endpoints"]:
-        assert endpoint["port"] in service_ports, f"{name}: monitor scrapes port {endpoint['port']!r}, not in the Service"
+        assert endpoint["port"] in service_ports, (
+            f"{name}: monitor scrapes port {endpoint['port']!r}, not in the Service"
+        )
         assert service_ports[endpoint["port"]]["targetPort"] in container_ports
     # The job label matches the jobs the alert rules and the dashboard use (job="sweetspot", job="vllm").
     assert service["metadata"]["labels"][monitor["spec"]["jobLabel"]] == name
@@ -280,8 +333,10 @@ def test_upstreams_are_the_vllm_pods_one_by_one() -> None:
     service = one("Service", vllm["spec"]["serviceName"])
     assert service["spec"]["clusterIP"] == "None"
     (port,) = service["spec"]["ports"]
-    expected = [f"http://{vllm['metadata']['name']}-{i}.{service['metadata']['name']}:{port['port']}"
-                for i in range(vllm["spec"]["replicas"])]
+    expected = [
+        f"http://{vllm['metadata']['name']}-{i}.{service['metadata']['name']}:{port['port']}"
+        for i in range(vllm["spec"]["replicas"])
+    ]
     assert settings.upstreams == expected
     (relabel,) = one("ServiceMonitor", "vllm")["spec"]["endpoints"][0]["relabelings"]
     assert relabel["targetLabel"] == "upstream"
@@ -318,13 +373,17 @@ def test_the_gateways_together_stay_within_vllms_max_num_seqs(monkeypatch: pytes
     deployment = one("Deployment", "sweetspot")
     surge = deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"]
     assert isinstance(surge, int), "a percentage surge cannot be checked; give a number"
-    autoscaled = [hpa for hpa in by_kind("HorizontalPodAutoscaler")
-                  if hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]]
+    autoscaled = [
+        hpa
+        for hpa in by_kind("HorizontalPodAutoscaler")
+        if hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    ]
     most = max([deployment["spec"]["replicas"], *(hpa["spec"]["maxReplicas"] for hpa in autoscaled)])
     pods = most + surge
     assert settings.limit_max * pods <= max_num_seqs, (
         f"{pods} gateway pods (at most {most} replicas + {surge} surge) x limit_max {settings.limit_max} "
-        f"> --max-num-seqs {max_num_seqs}")
+        f"> --max-num-seqs {max_num_seqs}"
+    )
     assert settings.limit_min * pods <= settings.limit_max * pods <= max_num_seqs
 
 
@@ -368,23 +427,52 @@ PROMETHEUS_RULE_SCHEMA: dict[str, Any] = {
     "properties": {
         "apiVersion": {"const": "monitoring.coreos.com/v1"},
         "kind": {"const": "PrometheusRule"},
-        "metadata": {"type": "object", "required": ["name"],
-                     "properties": {"name": {"type": "string"}, "namespace": {"type": "string"},
-                                    "labels": _LABELS, "annotations": _LABELS}},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string"},
+                "namespace": {"type": "string"},
+                "labels": _LABELS,
+                "annotations": _LABELS,
+            },
+        },
         "spec": {
-            "type": "object", "additionalProperties": False, "required": ["groups"],
-            "properties": {"groups": {"type": "array", "minItems": 1, "items": {
-                "type": "object", "additionalProperties": False, "required": ["name", "rules"],
-                "properties": {
-                    "name": {"type": "string"}, "interval": _DURATION,
-                    "rules": {"type": "array", "items": {
-                        "type": "object", "additionalProperties": False, "required": ["expr"],
-                        "properties": {"alert": {"type": "string"}, "record": {"type": "string"},
-                                       "expr": {"type": ["string", "integer"]}, "for": _DURATION,
-                                       "keep_firing_for": _DURATION, "labels": _LABELS, "annotations": _LABELS},
-                    }},
-                },
-            }}},
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["groups"],
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["name", "rules"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "interval": _DURATION,
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "required": ["expr"],
+                                    "properties": {
+                                        "alert": {"type": "string"},
+                                        "record": {"type": "string"},
+                                        "expr": {"type": ["string", "integer"]},
+                                        "for": _DURATION,
+                                        "keep_firing_for": _DURATION,
+                                        "labels": _LABELS,
+                                        "annotations": _LABELS,
+                                    },
+                                },
+                            },
+                        },
+                    },
+                }
+            },
         },
     },
 }

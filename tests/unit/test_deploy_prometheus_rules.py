@@ -48,8 +48,13 @@ def test_the_unit_tests_can_fail(tmp_path: Path) -> None:
     """promtool compares every label and annotation: one changed expected word fails the run."""
     text = RULE_TESTS.read_text().replace("../sweetspot-alerts.yml", str(RULES))
     broken = tmp_path / "broken.test.yml"
-    broken.write_text(text.replace("severity: critical, job: sweetspot, instance: \"gw:8080\"}",
-                                   "severity: warning, job: sweetspot, instance: \"gw:8080\"}", 1))
+    broken.write_text(
+        text.replace(
+            'severity: critical, job: sweetspot, instance: "gw:8080"}',
+            'severity: warning, job: sweetspot, instance: "gw:8080"}',
+            1,
+        )
+    )
     result = subprocess.run([promtool(), "test", "rules", str(broken)], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "FAILED" in result.stdout + result.stderr
 
@@ -65,9 +70,15 @@ def test_every_alert_is_shown_firing_in_the_promtool_tests() -> None:
 
 def test_the_alerts_an_on_call_needs_exist() -> None:
     names = {alert["alert"] for alert in alerts()}
-    for needed in ("SweetspotClientTTFTHigh", "SweetspotUpstreamErrorRatioHigh", "SweetspotRejectionRateHigh",
-                   "SweetspotGatewayTargetAbsent", "SweetspotGatewayDown", "SweetspotNoHealthyUpstream",
-                   "SweetspotEventLoopLagging"):
+    for needed in (
+        "SweetspotClientTTFTHigh",
+        "SweetspotUpstreamErrorRatioHigh",
+        "SweetspotRejectionRateHigh",
+        "SweetspotGatewayTargetAbsent",
+        "SweetspotGatewayDown",
+        "SweetspotNoHealthyUpstream",
+        "SweetspotEventLoopLagging",
+    ):
         assert needed in names
 
 
@@ -97,7 +108,8 @@ def test_the_kubernetes_prometheus_rule_carries_the_same_groups() -> None:
     rule = yaml.safe_load(K8S_RULE.read_text())
     assert (rule["apiVersion"], rule["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
     assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"], (
-        "deploy/k8s/prometheus-rules.yaml differs from the rules: run python scripts/k8s-prometheus-rule.py")
+        "deploy/k8s/prometheus-rules.yaml differs from the rules: run python scripts/k8s-prometheus-rule.py"
+    )
     assert K8S_RULE.read_text() == load_generator().render()
 
 

@@ -10,13 +10,27 @@ import tomllib
 from collections import Counter
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "gateway"
 
 #: Standard-library modules that do I/O, wait or read a clock: the pure controller imports none of them.
-IMPURE = {"asyncio", "socket", "time", "threading", "subprocess", "os", "urllib", "http", "logging", "aiohttp",
-          "httpx", "requests", "random", "datetime", "selectors"}
+IMPURE = {
+    "asyncio",
+    "socket",
+    "time",
+    "threading",
+    "subprocess",
+    "os",
+    "urllib",
+    "http",
+    "logging",
+    "aiohttp",
+    "httpx",
+    "requests",
+    "random",
+    "datetime",
+    "selectors",
+}
 #: The tools, each named after its CLI verb: the server imports none of them...
 TOOLS = ("gateway.sim", "gateway.sweep", "gateway.plan", "gateway.demo")
 #: ... except the sweep's result file, the contract between ``sweetspot sweep`` and ``--sweep-result``.
@@ -66,8 +80,13 @@ def test_the_rule_checker_sees_imports_inside_functions(tmp_path: Path) -> None:
 
 def test_the_controller_is_pure() -> None:
     """Observations in, decisions out: no server, no simulator, no tools, no I/O, no clock."""
-    assert offending("gateway.control", ("gateway.server", "gateway.telemetry", "gateway.settings", "tests",
-                                         *TOOLS, *sorted(IMPURE))) == []
+    assert (
+        offending(
+            "gateway.control",
+            ("gateway.server", "gateway.telemetry", "gateway.settings", "tests", *TOOLS, *sorted(IMPURE)),
+        )
+        == []
+    )
 
 
 def test_the_server_imports_no_tool_and_no_test_tooling() -> None:
@@ -75,8 +94,13 @@ def test_the_server_imports_no_tool_and_no_test_tooling() -> None:
 
 
 def test_telemetry_observes_and_decides_nothing() -> None:
-    assert offending("gateway.telemetry", ("gateway.server", "gateway.control.knee_search.aimd", "gateway.control.controller",
-                                           "tests", *TOOLS)) == []
+    assert (
+        offending(
+            "gateway.telemetry",
+            ("gateway.server", "gateway.control.knee_search.aimd", "gateway.control.controller", "tests", *TOOLS),
+        )
+        == []
+    )
 
 
 def test_no_shipped_module_imports_test_tooling() -> None:
@@ -114,13 +138,13 @@ def test_the_serve_path_runs_without_the_tools_dependencies() -> None:
     )
     subprocess.run([sys.executable, "-c", serve], check=True, cwd=ROOT, timeout=60)
     cli = blocker + "sys.argv = ['sweetspot'] + sys.argv[1:]\nfrom gateway.cli import main\nmain()\n"
-    listed = subprocess.run([sys.executable, "-c", cli, "--help"], capture_output=True, text=True, cwd=ROOT,
-                            timeout=60)
+    listed = subprocess.run([sys.executable, "-c", cli, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert listed.returncode == 0, listed.stderr
     for verb in ("serve", "sim", "sweep", "plan", "demo"):
         assert verb in listed.stdout
-    tool = subprocess.run([sys.executable, "-c", cli, "sim", "--port", "0"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60)
+    tool = subprocess.run(
+        [sys.executable, "-c", cli, "sim", "--port", "0"], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert tool.returncode == 2 and "sweetspot-gateway[tools]" in tool.stderr, tool.stderr
 
 

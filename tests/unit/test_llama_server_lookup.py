@@ -41,8 +41,10 @@ def test_cached_build_and_override(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_command_line_carries_the_test_defaults(tmp_path: Path) -> None:
-    cmd = LlamaServerConfig(model=tmp_path / "m.gguf", port=0, parallel=8, ctx_per_slot=256,
-                            embeddings=True, pooling="mean").command(binary=Path("/x/llama-server"))
+    cmd = LlamaServerConfig(
+        model=tmp_path / "m.gguf", port=0, parallel=8, ctx_per_slot=256, embeddings=True, pooling="mean"
+    ).command(binary=Path("/x/llama-server"))
+
     def arg(flag: str) -> str:
         return cmd[cmd.index(flag) + 1]
 

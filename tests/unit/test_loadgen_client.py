@@ -26,8 +26,11 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     mode = request.headers.get("X-Mode", "usage")
     if mode == "busy":
-        return web.json_response({"error": {"message": "queue full", "type": "overloaded", "param": None,
-                                            "code": "queue_full"}}, status=429, headers={"Retry-After": "0.05"})
+        return web.json_response(
+            {"error": {"message": "queue full", "type": "overloaded", "param": None, "code": "queue_full"}},
+            status=429,
+            headers={"Retry-After": "0.05"},
+        )
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     n = int(body["max_tokens"])
@@ -156,8 +159,9 @@ async def test_poisson_load_respects_its_cap(server: str) -> None:
     records: list[RequestRecord] = []
     workload = Workload(prompt_len=parse_length(5), output_len=parse_length(10))
     async with StreamClient(Target(server, model="m1")) as client:
-        load = PoissonLoad(client, RequestFactory(workload), rate=200.0, max_in_flight=3, seed=1,
-                           on_record=records.append)
+        load = PoissonLoad(
+            client, RequestFactory(workload), rate=200.0, max_in_flight=3, seed=1, on_record=records.append
+        )
         async with load:
             await _until(lambda: len(records) >= 12)
             assert load.stats().in_flight <= 3

@@ -10,15 +10,35 @@ from gateway.sweep.loadgen import PoolStats
 
 
 def stats(chunks: int, in_flight: int = 3) -> PoolStats:
-    return PoolStats(concurrency=4, in_flight=in_flight, waiting=1, started=0, completed=0, ok=0, failed=0,
-                     rejected=0, chunks=chunks, output_tokens=0)
+    return PoolStats(
+        concurrency=4,
+        in_flight=in_flight,
+        waiting=1,
+        started=0,
+        completed=0,
+        ok=0,
+        failed=0,
+        rejected=0,
+        chunks=chunks,
+        output_tokens=0,
+    )
 
 
 def done(start: float, ttft: float, end: float, tokens: int, status: int = 200) -> RequestRecord:
     ok = status == 200
     chunks = [start + ttft + (end - start - ttft) * i / max(tokens - 1, 1) for i in range(tokens)] if ok else []
-    return RequestRecord(index=0, prompt_len=1, max_tokens=tokens, start=start, status=status, ok=ok,
-                         chunk_times=chunks, end=end, output_tokens=tokens if ok else 0, usage_reported=ok)
+    return RequestRecord(
+        index=0,
+        prompt_len=1,
+        max_tokens=tokens,
+        start=start,
+        status=status,
+        ok=ok,
+        chunk_times=chunks,
+        end=end,
+        output_tokens=tokens if ok else 0,
+        usage_reported=ok,
+    )
 
 
 def test_rates_and_percentiles_over_the_horizon() -> None:

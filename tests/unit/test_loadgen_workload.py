@@ -42,8 +42,13 @@ def test_distributions_have_their_moments() -> None:
 
 
 def test_factory_is_deterministic_and_builds_openai_bodies() -> None:
-    workload = Workload(api="chat", prompt_len=parse_length("8..16"), output_len=parse_length("32"), seed=7,
-                        extra_body={"temperature": 0})
+    workload = Workload(
+        api="chat",
+        prompt_len=parse_length("8..16"),
+        output_len=parse_length("32"),
+        seed=7,
+        extra_body={"temperature": 0},
+    )
     first = [RequestFactory(workload, stream_id=3).next() for _ in range(2)]
     assert first[0] == first[1]
     spec = first[0]
@@ -60,7 +65,7 @@ def test_factory_is_deterministic_and_builds_openai_bodies() -> None:
 def test_sse_decoder_handles_split_lines_crlf_comments_and_unterminated_events() -> None:
     decoder = SSEDecoder()
     assert decoder.feed(b'data: {"a"') == []
-    assert decoder.feed(b': 1}\r\n\r\n: ping\n\ndata: [DONE]\n') == [b'{"a": 1}']
+    assert decoder.feed(b": 1}\r\n\r\n: ping\n\ndata: [DONE]\n") == [b'{"a": 1}']
     assert decoder.feed(b"\n") == [b"[DONE]"]
     decoder.feed(b'data: {"b": 2}')
     assert decoder.close() == [b'{"b": 2}']

@@ -14,24 +14,46 @@ GIB = 2**30
 
 # Llama-3-8B: 32 layers, 8 KV heads (GQA), head dim 128, bf16 weights, fp16 KV.
 LLAMA3_8B = ModelShape(
-    name="llama-3-8b", layers=32, kv_heads=8, head_dim=128, kv_dtype="fp16",
-    total_params=8.03e9, weight_quant="bf16",
+    name="llama-3-8b",
+    layers=32,
+    kv_heads=8,
+    head_dim=128,
+    kv_dtype="fp16",
+    total_params=8.03e9,
+    weight_quant="bf16",
 )
 
 # Qwen3-30B-A3B: 48 layers, 4 KV heads, head dim 128; 30.5B total, 3.3B active (8 of 128 experts).
 QWEN3_30B_A3B = ModelShape(
-    name="qwen3-30b-a3b", layers=48, kv_heads=4, head_dim=128, kv_dtype="fp16",
-    total_params=30.5e9, active_params=3.3e9, experts=128, experts_used=8, weight_quant="fp8",
+    name="qwen3-30b-a3b",
+    layers=48,
+    kv_heads=4,
+    head_dim=128,
+    kv_dtype="fp16",
+    total_params=30.5e9,
+    active_params=3.3e9,
+    experts=128,
+    experts_used=8,
+    weight_quant="fp8",
 )
 
 # Qwen3.6-35B-A3B (hybrid): 40 layers of which 10 are full attention (2 KV heads x 256), 30 gated
 # DeltaNet layers with llama.cpp's float32 state; Q4_K_M file taken as 22 GiB.
 QWEN36_35B_A3B = ModelShape(
-    name="qwen3.6-35b-a3b", layers=40, kv_layers=10, kv_heads=2, head_dim=256, kv_dtype="fp16",
+    name="qwen3.6-35b-a3b",
+    layers=40,
+    kv_layers=10,
+    kv_heads=2,
+    head_dim=256,
+    kv_dtype="fp16",
     # per DeltaNet layer: conv (4-1) x (4096 + 2x16x128) = 24,576 + recurrent 128 x 4096 = 524,288
     # elements = 548,864 x 4 bytes = 2,195,456 B; x 30 layers = 65,863,680 B (= 62.8125 MiB)
     seq_state_bytes=65_863_680,
-    total_params=35e9, active_params=3e9, experts=256, experts_used=8, weight_bytes=22 * GIB,
+    total_params=35e9,
+    active_params=3e9,
+    experts=256,
+    experts_used=8,
+    weight_bytes=22 * GIB,
 )
 
 
@@ -177,8 +199,9 @@ def test_bad_inputs_are_refused() -> None:
 
 def test_windowed_layers_cap_per_sequence_memory_and_max_context() -> None:
     # 2 KV layers, 1 head x 8 dims at fp16: one token's row = 2 x 8 x 2 = 32 B per layer
-    shape = ModelShape(layers=2, kv_heads=1, head_dim=8, kv_dtype="fp16", sliding_layers=1, sliding_window=100,
-                       weight_bytes=1)
+    shape = ModelShape(
+        layers=2, kv_heads=1, head_dim=8, kv_dtype="fp16", sliding_layers=1, sliding_window=100, weight_bytes=1
+    )
     plan = plan_capacity(shape, gpu_gb=1, util=1.0, overhead_gb=0)
     # KV memory = 1 GiB - 1 B = 1,073,741,823
     # 1000 tokens: full layer 1000 x 32 + sliding layer min(1000, 100) x 32 = 35,200 B

@@ -11,9 +11,30 @@ from typer.testing import CliRunner
 from gateway.cli import _register, app
 
 QWEN36 = [
-    "--name", "qwen3.6-35b-a3b", "--params", "35B", "--active-params", "3B", "--experts", "256",
-    "--experts-used", "8", "--layers", "40", "--kv-layers", "10", "--kv-heads", "2", "--head-dim", "256",
-    "--weights-gb", "22", "--seq-state", "62.8125MiB", "--overhead-gb", "1.5",
+    "--name",
+    "qwen3.6-35b-a3b",
+    "--params",
+    "35B",
+    "--active-params",
+    "3B",
+    "--experts",
+    "256",
+    "--experts-used",
+    "8",
+    "--layers",
+    "40",
+    "--kv-layers",
+    "10",
+    "--kv-heads",
+    "2",
+    "--head-dim",
+    "256",
+    "--weights-gb",
+    "22",
+    "--seq-state",
+    "62.8125MiB",
+    "--overhead-gb",
+    "1.5",
 ]
 
 
@@ -36,8 +57,22 @@ def test_table_shows_capacity_and_does_not_fit() -> None:
 
 
 def test_json_output() -> None:
-    result = _invoke([*QWEN36, "--gpu-gb", "24", "--gpu-gb", "32", "--gpu-memory-utilization", "1.0",
-                      "--context", "4096,8K", "--bandwidth-gbs", "1792", "--json"])
+    result = _invoke(
+        [
+            *QWEN36,
+            "--gpu-gb",
+            "24",
+            "--gpu-gb",
+            "32",
+            "--gpu-memory-utilization",
+            "1.0",
+            "--context",
+            "4096,8K",
+            "--bandwidth-gbs",
+            "1792",
+            "--json",
+        ]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["kv_bytes_per_token"] == 20_480
@@ -52,7 +87,10 @@ def test_json_output() -> None:
     per_step = int(22 * 2**30 * 3 / 35) + 83_886_080 + 65_863_680
     assert report["decode"]["single_stream_tokens_per_s"]["4096"] == pytest.approx(1792e9 / per_step)
     assert {(b["gpu_gb"], b["context"], b["batch"]) for b in report["decode"]["batch"]} == {
-        (24.0, 4096, 3), (24.0, 8192, 2), (32.0, 4096, 60), (32.0, 8192, 39)
+        (24.0, 4096, 3),
+        (24.0, 8192, 2),
+        (32.0, 4096, 60),
+        (32.0, 8192, 39),
     }
 
 
@@ -77,13 +115,31 @@ def test_gguf_file_with_flag_overrides(tmp_path) -> None:
 
     path = tmp_path / "llama-tiny.gguf"
     _write_gguf(
-        path, "llama",
+        path,
+        "llama",
         {"block_count": 32, "embedding_length": 4096, "attention.head_count": 32, "attention.head_count_kv": 8},
         {"token_embd.weight": (4, 4)},
     )
     # the file gives the shape (131,072 B/token at fp16); the flags give the weights and a q8_0 cache
-    result = _invoke(["--gguf", str(path), "--weights-gb", "15", "--kv-dtype", "q8_0", "--gpu-gb", "24",
-                      "--gpu-memory-utilization", "1.0", "--overhead-gb", "1", "--context", "8K", "--json"])
+    result = _invoke(
+        [
+            "--gguf",
+            str(path),
+            "--weights-gb",
+            "15",
+            "--kv-dtype",
+            "q8_0",
+            "--gpu-gb",
+            "24",
+            "--gpu-memory-utilization",
+            "1.0",
+            "--overhead-gb",
+            "1",
+            "--context",
+            "8K",
+            "--json",
+        ]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     # q8_0: 2 rows x 32 blocks x 34 B x 32 layers = 69,632 B/token

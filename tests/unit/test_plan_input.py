@@ -65,7 +65,9 @@ def _without(cfg: dict[str, Any], key: str) -> dict[str, Any]:
         ({"text_config": dict(LLAMA31_8B, num_attention_heads=0)}, "text_config.num_attention_heads", "positive"),
     ],
 )
-def test_malformed_config_is_one_line_naming_file_and_field(tmp_path: Path, body: Any, field: str, problem: str) -> None:
+def test_malformed_config_is_one_line_naming_file_and_field(
+    tmp_path: Path, body: Any, field: str, problem: str
+) -> None:
     path = _config(tmp_path, body)
     _refused(_invoke(["--hf-config", str(path)]), str(path), field, problem)
 
@@ -164,8 +166,19 @@ def test_assumptions_are_in_json_and_table(tmp_path: Path) -> None:
 
 def test_fixed_kv_budget_and_vllm_view_in_json(tmp_path: Path) -> None:
     path = _config(tmp_path, MISTRAL_7B_V01)
-    result = _invoke(["--hf-config", str(path), "--kv-cache-gb", "8", "--context", "32K",
-                      "--max-num-batched-tokens", "2048", "--json"])
+    result = _invoke(
+        [
+            "--hf-config",
+            str(path),
+            "--kv-cache-gb",
+            "8",
+            "--context",
+            "32K",
+            "--max-num-batched-tokens",
+            "2048",
+            "--json",
+        ]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     (row,) = report["gpus"]
@@ -183,8 +196,21 @@ def test_fixed_kv_budget_and_vllm_view_in_json(tmp_path: Path) -> None:
     assert (cell["kv_cache_tokens"], cell["blocks_per_request"], cell["max_concurrency"]) == (261_632, 513, 7.98)
     assert any("sliding" in note for note in report["vllm_differs"])
     # one batch in flight (the CPU build): ceil((4095 + 2048) / 16) + 1 = 385 -> 10.64x; int(10.6390 x 32768) = 348,617
-    single = _invoke(["--hf-config", str(path), "--kv-cache-gb", "8", "--context", "32K",
-                      "--max-num-batched-tokens", "2048", "--vllm-concurrent-batches", "1", "--json"])
+    single = _invoke(
+        [
+            "--hf-config",
+            str(path),
+            "--kv-cache-gb",
+            "8",
+            "--context",
+            "32K",
+            "--max-num-batched-tokens",
+            "2048",
+            "--vllm-concurrent-batches",
+            "1",
+            "--json",
+        ]
+    )
     cell = json.loads(single.output)["gpus"][0]["vllm"]["by_context"]["32768"]
     assert (cell["kv_cache_tokens"], cell["blocks_per_request"], cell["max_concurrency"]) == (348_617, 385, 10.64)
     table = _invoke(["--hf-config", str(path), "--kv-cache-gb", "8", "--context", "32K"])

@@ -35,11 +35,20 @@ def test_gguf_hybrid_moe_shape(tmp_path: Path) -> None:
         path,
         "qwen35moe",
         {
-            "block_count": 40, "context_length": 262_144, "embedding_length": 2048,
-            "attention.head_count": 16, "attention.head_count_kv": 2,
-            "attention.key_length": 256, "attention.value_length": 256,
-            "full_attention_interval": 4, "expert_count": 256, "expert_used_count": 8,
-            "ssm.conv_kernel": 4, "ssm.inner_size": 4096, "ssm.state_size": 128, "ssm.group_count": 16,
+            "block_count": 40,
+            "context_length": 262_144,
+            "embedding_length": 2048,
+            "attention.head_count": 16,
+            "attention.head_count_kv": 2,
+            "attention.key_length": 256,
+            "attention.value_length": 256,
+            "full_attention_interval": 4,
+            "expert_count": 256,
+            "expert_used_count": 8,
+            "ssm.conv_kernel": 4,
+            "ssm.inner_size": 4096,
+            "ssm.state_size": 128,
+            "ssm.group_count": 16,
         },
         {
             "token_embd.weight": (8, 16),  # 128 values
@@ -88,9 +97,14 @@ def test_gguf_per_layer_kv_heads_mark_recurrent_layers(tmp_path: Path) -> None:
         path,
         "granitehybrid",
         {
-            "block_count": 4, "embedding_length": 64, "attention.head_count": 4,
+            "block_count": 4,
+            "embedding_length": 64,
+            "attention.head_count": 4,
             "attention.head_count_kv": [0, 2, 0, 2],
-            "ssm.conv_kernel": 4, "ssm.inner_size": 128, "ssm.state_size": 16, "ssm.group_count": 1,
+            "ssm.conv_kernel": 4,
+            "ssm.inner_size": 128,
+            "ssm.state_size": 16,
+            "ssm.group_count": 1,
         },
         {"token_embd.weight": (4, 4)},
     )
@@ -111,28 +125,69 @@ def test_gguf_without_architecture_is_refused(tmp_path: Path) -> None:
 
 # Public configs, reduced to the keys the planner reads (values as published on Hugging Face).
 LLAMA3_8B = {
-    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "max_position_embeddings": 8192,
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "max_position_embeddings": 8192,
 }
 MIXTRAL_8X7B = {
-    "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000, "num_local_experts": 8,
-    "num_experts_per_tok": 2, "torch_dtype": "bfloat16",
+    "model_type": "mixtral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "torch_dtype": "bfloat16",
 }
 QWEN3_30B_A3B = {
-    "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
-    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-    "vocab_size": 151936, "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
-    "mlp_only_layers": [], "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
 }
 QWEN3_NEXT_80B_A3B = {
-    "model_type": "qwen3_next", "hidden_size": 2048, "intermediate_size": 5120, "moe_intermediate_size": 512,
-    "shared_expert_intermediate_size": 512, "num_hidden_layers": 48, "num_attention_heads": 16,
-    "num_key_value_heads": 2, "head_dim": 256, "full_attention_interval": 4, "linear_conv_kernel_dim": 4,
-    "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
-    "linear_value_head_dim": 128, "num_experts": 512, "num_experts_per_tok": 10, "vocab_size": 151936,
-    "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "model_type": "qwen3_next",
+    "hidden_size": 2048,
+    "intermediate_size": 5120,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "full_attention_interval": 4,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_value_head_dim": 128,
+    "num_experts": 512,
+    "num_experts_per_tok": 10,
+    "vocab_size": 151936,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
 }
 
 
@@ -187,8 +242,15 @@ def test_hf_config_hybrid_qwen3_next() -> None:
 def test_hf_config_multimodal_text_config_and_layer_types() -> None:
     # Qwen3.5/3.6 multimodal layout: the language model sits under text_config; layer_types lists
     # three linear_attention layers then one full_attention, ten times; mamba_ssm_dtype float32.
-    text = dict(QWEN3_NEXT_80B_A3B, num_hidden_layers=40, num_experts=256, num_experts_per_tok=8,
-                vocab_size=248320, attn_output_gate=True, mamba_ssm_dtype="float32")
+    text = dict(
+        QWEN3_NEXT_80B_A3B,
+        num_hidden_layers=40,
+        num_experts=256,
+        num_experts_per_tok=8,
+        vocab_size=248320,
+        attn_output_gate=True,
+        mamba_ssm_dtype="float32",
+    )
     text.pop("full_attention_interval")
     text["layer_types"] = (["linear_attention"] * 3 + ["full_attention"]) * 10
     shape = shape_from_hf_config({"model_type": "qwen3_5_moe", "text_config": text})
@@ -210,10 +272,18 @@ def test_hf_config_missing_keys_are_explained() -> None:
 def test_gguf_mla_caches_the_latent(tmp_path: Path) -> None:
     path = tmp_path / "deepseek2-tiny.gguf"
     _write_gguf(
-        path, "deepseek2",
-        {"block_count": 27, "embedding_length": 2048, "attention.head_count": 16, "attention.head_count_kv": 16,
-         "attention.key_length": 192, "attention.value_length": 128, "attention.kv_lora_rank": 512,
-         "rope.dimension_count": 64},
+        path,
+        "deepseek2",
+        {
+            "block_count": 27,
+            "embedding_length": 2048,
+            "attention.head_count": 16,
+            "attention.head_count_kv": 16,
+            "attention.key_length": 192,
+            "attention.value_length": 128,
+            "attention.kv_lora_rank": 512,
+            "rope.dimension_count": 64,
+        },
         {"token_embd.weight": (4, 4)},
     )
     shape = shape_from_gguf(path)
@@ -227,9 +297,17 @@ def test_gguf_mla_caches_the_latent(tmp_path: Path) -> None:
 def test_gguf_sliding_layers_follow_llama_cpp_pattern(tmp_path: Path) -> None:
     path = tmp_path / "gemma3-tiny.gguf"
     _write_gguf(
-        path, "gemma3",
-        {"block_count": 26, "embedding_length": 1152, "attention.head_count": 4, "attention.head_count_kv": 1,
-         "attention.key_length": 256, "attention.value_length": 256, "attention.sliding_window": 512},
+        path,
+        "gemma3",
+        {
+            "block_count": 26,
+            "embedding_length": 1152,
+            "attention.head_count": 4,
+            "attention.head_count_kv": 1,
+            "attention.key_length": 256,
+            "attention.value_length": 256,
+            "attention.sliding_window": 512,
+        },
         {"token_embd.weight": (4, 4)},
     )
     shape = shape_from_gguf(path)

@@ -28,7 +28,11 @@ def test_planner_reproduces_the_logged_figures(name: str) -> None:
     case: dict[str, Any] = RECORDED["cases"][name]
     context = RECORDED["max_model_len"]
     report = build_report(
-        shape_from_hf_config(case["config"]), [], [context], 1.0, 0.0,
+        shape_from_hf_config(case["config"]),
+        [],
+        [context],
+        1.0,
+        0.0,
         kv_cache_gb=RECORDED["kv_cache_memory_bytes"] / GIB,
         max_num_batched_tokens=RECORDED["max_num_batched_tokens"],
         vllm_block_size=case["vllm_block_size"],

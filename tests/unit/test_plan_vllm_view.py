@@ -42,8 +42,9 @@ def test_near_equal_kinds_use_the_larger_group_size() -> None:
     assert (view.num_blocks, view.kv_cache_tokens, view.blocks_per_request) == (48, 383, 513)
     assert not view.starts  # 13 x 1600 x 513 > 1,000,000
     # one batch in flight (the CPU build): sliding ceil(min(127 + 2048, 4096) / 16) + 1 = 137 -> 393
-    single = vllm_kv_view(layers, 1_000_000, max_model_len=4096, block_size=16, max_num_batched_tokens=2048,
-                          concurrent_batches=1)
+    single = vllm_kv_view(
+        layers, 1_000_000, max_model_len=4096, block_size=16, max_num_batched_tokens=2048, concurrent_batches=1
+    )
     assert single is not None and single.blocks_per_request == 393
 
 
@@ -84,12 +85,28 @@ def test_llama4_layout_from_config() -> None:
 
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
-CT_FP8 = {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
-          "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-              "num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}}}}
-CT_W4_GROUP = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
-               "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-                   "num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True}}}}
+CT_FP8 = {
+    "quant_method": "compressed-tensors",
+    "format": "float-quantized",
+    "ignore": ["lm_head"],
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True},
+        }
+    },
+}
+CT_W4_GROUP = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "ignore": ["lm_head"],
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True},
+        }
+    },
+}
 
 
 @pytest.mark.parametrize(

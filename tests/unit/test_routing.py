@@ -6,11 +6,24 @@ import asyncio
 from dataclasses import dataclass
 
 from gateway.server.admission.admission_queue import AdmissionQueue, Limiter
-from gateway.server.routes.validation import ChatRequest, CompletionRequest, MessagesRequest, ResponsesRequest, \
-    parse_body
 from gateway.server.admission.routing import (
-    CHUNK_CHARS, REASON_LOAD, REASON_NO_PREFIX, REASON_PREFIX, PrefixMap, PrefixRouter, RouteHint, RouteObserver,
-    chunk_keys, prompt_text,
+    CHUNK_CHARS,
+    REASON_LOAD,
+    REASON_NO_PREFIX,
+    REASON_PREFIX,
+    PrefixMap,
+    PrefixRouter,
+    RouteHint,
+    RouteObserver,
+    chunk_keys,
+    prompt_text,
+)
+from gateway.server.routes.validation import (
+    ChatRequest,
+    CompletionRequest,
+    MessagesRequest,
+    ResponsesRequest,
+    parse_body,
 )
 
 
@@ -49,8 +62,9 @@ def chat(*turns: str) -> ChatRequest:
 
 def make_router(clock: FakeClock | None = None, **kw: float) -> tuple[PrefixRouter, Recorder]:
     recorder = Recorder()
-    prefixes = PrefixMap(max_entries=int(kw.pop("max_entries", 10_000)), ttl_s=kw.pop("ttl_s", 60.0),
-                         clock=clock or FakeClock())
+    prefixes = PrefixMap(
+        max_entries=int(kw.pop("max_entries", 10_000)), ttl_s=kw.pop("ttl_s", 60.0), clock=clock or FakeClock()
+    )
     return PrefixRouter(prefixes, observer=recorder, **kw), recorder
 
 
@@ -73,8 +87,11 @@ def test_prompt_text_of_every_generating_route() -> None:
     assert first is not None and second is not None and second.startswith(first)
     assert prompt_text(parse_body(CompletionRequest, b'{"model": "m", "prompt": "abc"}')) == "abc"
     assert prompt_text(parse_body(CompletionRequest, b'{"model": "m", "prompt": [1, 2]}')) == "[1, 2]"
-    messages = parse_body(MessagesRequest, b'{"model": "m", "max_tokens": 5, "system": "S", '
-                                           b'"messages": [{"role": "user", "content": [{"type": "text", "text": "q"}]}]}')
+    messages = parse_body(
+        MessagesRequest,
+        b'{"model": "m", "max_tokens": 5, "system": "S", '
+        b'"messages": [{"role": "user", "content": [{"type": "text", "text": "q"}]}]}',
+    )
     assert prompt_text(messages) == "\x1esystem\x1fS\x1euser\x1fq"
     responses = parse_body(ResponsesRequest, b'{"model": "m", "input": "question"}')
     assert prompt_text(responses) == "\x1euser\x1fquestion"
@@ -106,13 +123,16 @@ def test_new_prompts_spread_over_idle_upstreams_and_stay_where_they_went() -> No
     router, _ = make_router()
     targets = ups("a", "b")
     conversations = [f"conversation {i} " * 100 for i in range(2)]
-    first = [router.choose(targets, router.hint(ChatRequest(model="m", messages=[{"role": "user", "content": c}])))
-             for c in conversations]
+    first = [
+        router.choose(targets, router.hint(ChatRequest(model="m", messages=[{"role": "user", "content": c}])))
+        for c in conversations
+    ]
     assert [t.name for t in first] == ["a", "b"]  # all idle: the one chosen least recently
     for _ in range(3):  # sequential turns, every upstream idle each time: each goes back to its own
         for c, where in zip(conversations, first):
-            body = ChatRequest(model="m", messages=[{"role": "user", "content": c}, {"role": "assistant",
-                                                                                     "content": "ok"}])
+            body = ChatRequest(
+                model="m", messages=[{"role": "user", "content": c}, {"role": "assistant", "content": "ok"}]
+            )
             assert router.choose(targets, router.hint(body)) is where
 
 
@@ -205,8 +225,10 @@ def test_the_gateway_routes_by_prefix_only_when_there_is_a_choice() -> None:
     bounded.router.choose(list(bounded.pool), bounded.router.hint(chat("a long prompt " * 200)))
     assert len(bounded.router.prefixes) == 3
     assert bounded.metrics.registry.get_sample_value("sweetspot_routing_prefix_map_entries") == 3
-    assert bounded.metrics.registry.get_sample_value("sweetspot_routing_decisions_total",
-                                                     {"reason": REASON_NO_PREFIX}) == 1
+    assert (
+        bounded.metrics.registry.get_sample_value("sweetspot_routing_decisions_total", {"reason": REASON_NO_PREFIX})
+        == 1
+    )
 
 
 def test_the_random_baseline_ignores_affinity_but_counts_what_it_hits() -> None:

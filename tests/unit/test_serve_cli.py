@@ -13,16 +13,20 @@ from gateway.common.processes import sweetspot
 
 def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SWEETSPOT_")}
-    return subprocess.run(sweetspot("serve", *args), capture_output=True, text=True, timeout=60,
-                          env={**clean, **(env or {})})
+    return subprocess.run(
+        sweetspot("serve", *args), capture_output=True, text=True, timeout=60, env={**clean, **(env or {})}
+    )
 
 
-@pytest.mark.parametrize(("args", "env", "expected"), [
-    ((), None, "no upstream configured"),
-    (("-u", "http://127.0.0.1:9", "--config", "/nonexistent.toml"), None, "config file not found"),
-    (("-u", "http://127.0.0.1:9"), {"SWEETSPOT_PORT": "eighty"}, "invalid settings: port"),
-    (("-u", "http://127.0.0.1:9"), {"SWEETSPOT_LIMIT_MIN": "9", "SWEETSPOT_LIMIT_MAX": "3"}, "limit_min"),
-])
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        ((), None, "no upstream configured"),
+        (("-u", "http://127.0.0.1:9", "--config", "/nonexistent.toml"), None, "config file not found"),
+        (("-u", "http://127.0.0.1:9"), {"SWEETSPOT_PORT": "eighty"}, "invalid settings: port"),
+        (("-u", "http://127.0.0.1:9"), {"SWEETSPOT_LIMIT_MIN": "9", "SWEETSPOT_LIMIT_MAX": "3"}, "limit_min"),
+    ],
+)
 def test_bad_settings_exit_2_with_the_reason(args, env, expected) -> None:
     result = run_serve(*args, env=env)
     assert result.returncode == 2

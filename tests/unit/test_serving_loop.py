@@ -57,11 +57,20 @@ def test_numeric_addresses_connect_without_the_resolver() -> None:
     assert CountingLoop.resolved == []
 
 
-@pytest.mark.parametrize(("family", "host", "numeric"), [
-    (socket.AF_INET, "127.0.0.1", True), (socket.AF_INET, "10.1.2.3", True), (socket.AF_INET6, "::1", True),
-    (socket.AF_INET6, "fd00::1", True), (socket.AF_INET, "localhost", False), (socket.AF_INET, "vllm", False),
-    (socket.AF_INET6, "127.0.0.1", False), (socket.AF_INET, "::1", False), (socket.AF_INET, None, False),
-])
+@pytest.mark.parametrize(
+    ("family", "host", "numeric"),
+    [
+        (socket.AF_INET, "127.0.0.1", True),
+        (socket.AF_INET, "10.1.2.3", True),
+        (socket.AF_INET6, "::1", True),
+        (socket.AF_INET6, "fd00::1", True),
+        (socket.AF_INET, "localhost", False),
+        (socket.AF_INET, "vllm", False),
+        (socket.AF_INET6, "127.0.0.1", False),
+        (socket.AF_INET, "::1", False),
+        (socket.AF_INET, None, False),
+    ],
+)
 def test_which_addresses_skip_the_resolver(family: int, host: str | None, numeric: bool) -> None:
     assert _is_numeric(family, host) is numeric
 
@@ -104,6 +113,7 @@ def test_aiohttp_requests_run_on_the_loop() -> None:
 
     async def fetch() -> list[str]:
         app = web.Application()
+
         async def ok(request: web.Request) -> web.Response:
             return web.Response(text="ok")
 

@@ -31,9 +31,9 @@ def test_precedence_flags_env_toml(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("SWEETSPOT_PORT", "9100")
     settings = load_settings(config, port=9200, initial_limit=None)
     assert settings.upstreams == ["http://a:8000"]  # from TOML, trailing slash dropped
-    assert settings.max_queue == 20                # env beats TOML
-    assert settings.port == 9200                   # flag beats env
-    assert settings.initial_limit == 3             # a flag left unset (None) does not override
+    assert settings.max_queue == 20  # env beats TOML
+    assert settings.port == 9200  # flag beats env
+    assert settings.initial_limit == 3  # a flag left unset (None) does not override
 
 
 def test_lists_from_env_as_csv_or_json(monkeypatch) -> None:
@@ -58,8 +58,9 @@ def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
         load_settings(tmp_path / "nope.toml")
 
 
-@pytest.mark.parametrize("bad", [{"limit_min": 10, "limit_max": 5}, {"port": 70000}, {"max_queue": -1},
-                                 {"backend": "tgi"}])
+@pytest.mark.parametrize(
+    "bad", [{"limit_min": 10, "limit_max": 5}, {"port": 70000}, {"max_queue": -1}, {"backend": "tgi"}]
+)
 def test_invalid_values_are_refused(bad: dict) -> None:
     with pytest.raises(ValidationError):
         Settings(**bad)

@@ -7,7 +7,13 @@ import dataclasses
 import pytest
 
 from gateway.sim.engine import (
-    FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, Engine, InjectedError, StepResult,
+    FINISH_ABORT,
+    FINISH_ERROR,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Engine,
+    InjectedError,
+    StepResult,
 )
 from gateway.sim.profiles import LLAMA31_8B_24GB, QWEN36_35B_A3B_32GB, Profile
 

@@ -68,7 +68,7 @@ def test_llama_shape_numbers() -> None:
 
 
 def test_default_profile_matches_the_article(default_curve: dict[int, ClosedLoopPrediction]) -> None:
-    assert DEFAULT_PROFILE == QWEN36_35B_A3B_32GB.name
+    assert QWEN36_35B_A3B_32GB.name == DEFAULT_PROFILE
     one = default_curve[1]
     assert 70 <= one.tokens_per_s <= 80  # ~75 tok/s for a single stream
     assert 1 / one.tpot_mean_s == pytest.approx(75.4, rel=0.03)
@@ -80,11 +80,14 @@ def test_default_profile_matches_the_article(default_curve: dict[int, ClosedLoop
 
 
 def test_default_curve_rises_then_flattens_and_latency_explodes_past_the_cliff(
-        default_curve: dict[int, ClosedLoopPrediction]) -> None:
+    default_curve: dict[int, ClosedLoopPrediction],
+) -> None:
     tps = [default_curve[n].tokens_per_s for n in LEVELS if n <= 48]
     assert tps == sorted(tps)  # more streams never cost throughput below the cliff
     # marginal gain per added stream falls off: the first 8 streams add far more than the last 16
-    assert (tps[LEVELS.index(8)] - tps[0]) / 7 > 5 * (default_curve[48].tokens_per_s - default_curve[32].tokens_per_s) / 16
+    assert (tps[LEVELS.index(8)] - tps[0]) / 7 > 5 * (
+        default_curve[48].tokens_per_s - default_curve[32].tokens_per_s
+    ) / 16
     # TPOT grows with the batch (compute-bound), TTFT p99 explodes once requests queue for KV
     assert default_curve[48].tpot_mean_s > 2.5 * default_curve[1].tpot_mean_s
     assert default_curve[96].ttft_p99_s > 20 * default_curve[32].ttft_p99_s
@@ -93,13 +96,15 @@ def test_default_curve_rises_then_flattens_and_latency_explodes_past_the_cliff(
 
 
 def test_tight_kv_profile_hits_the_cliff_before_the_knee(
-        default_curve: dict[int, ClosedLoopPrediction], tight_curve: dict[int, ClosedLoopPrediction]) -> None:
+    default_curve: dict[int, ClosedLoopPrediction], tight_curve: dict[int, ClosedLoopPrediction]
+) -> None:
     peak, n90, cliff = knee(tight_curve)
     assert cliff < LLAMA31_8B_24GB.b_knee  # KV runs out while compute still has room
     assert cliff <= n90 + 8  # the cliff sits right at the knee, not well above it
     _, d_n90, d_cliff = knee(default_curve)
     assert cliff / n90 < d_cliff / d_n90
     assert tight_curve[96].tokens_per_s < 0.97 * peak  # recompute waste past the cliff
+
     def rate(c: ClosedLoopPrediction) -> float:
         return c.preemptions / c.window_s
 
@@ -121,7 +126,8 @@ def test_think_time_and_speed_factor_lower_the_prediction() -> None:
     p = QWEN36_35B_A3B_32GB
     base = predict_closed_loop(p, 8, 256, 128)
     assert predict_closed_loop(p, 8, 256, 128, speed_factor=2.0).tokens_per_s == pytest.approx(
-        base.tokens_per_s / 2, rel=1e-6)
+        base.tokens_per_s / 2, rel=1e-6
+    )
     assert predict_closed_loop(p, 8, 256, 128, think_time_s=1.0).tokens_per_s < 0.8 * base.tokens_per_s
 
 

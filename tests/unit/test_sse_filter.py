@@ -11,13 +11,13 @@ import json
 
 import pytest
 
-from gateway.server.admission.admission_queue import Limiter
 from gateway.control.window import Outcome, SlidingWindow
-from gateway.server.relay.measure import RequestTracker
+from gateway.server.admission.admission_queue import Limiter
 from gateway.server.relay.event_streams import MESSAGES_EVENTS, RESPONSES_EVENTS, NamedEventFilter
+from gateway.server.relay.measure import RequestTracker
 from gateway.server.relay.sse import SSEFilter
-from gateway.telemetry.metrics import GatewayMetrics
 from gateway.server.upstream.pool import Upstream
+from gateway.telemetry.metrics import GatewayMetrics
 
 
 def event(payload: dict | str) -> bytes:
@@ -26,16 +26,22 @@ def event(payload: dict | str) -> bytes:
 
 
 def chat_chunk(delta: dict, finish: str | None = None) -> dict:
-    return {"choices": [{"finish_reason": finish, "index": 0, "delta": delta}], "created": 1,
-            "id": "chatcmpl-1", "model": "m", "object": "chat.completion.chunk"}
+    return {
+        "choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
+        "created": 1,
+        "id": "chatcmpl-1",
+        "model": "m",
+        "object": "chat.completion.chunk",
+    }
 
 
 USAGE = {"completion_tokens": 3, "prompt_tokens": 18, "total_tokens": 21}
 ROLE = event(chat_chunk({"role": "assistant", "content": None}))
 TOKENS = [event(chat_chunk({"content": text})) for text in (" one", " two", " three")]
 FINISH = event(chat_chunk({}, "length"))
-USAGE_CHUNK = event({"choices": [], "created": 1, "id": "chatcmpl-1", "model": "m",
-                     "object": "chat.completion.chunk", "usage": USAGE})
+USAGE_CHUNK = event(
+    {"choices": [], "created": 1, "id": "chatcmpl-1", "model": "m", "object": "chat.completion.chunk", "usage": USAGE}
+)
 DONE = b"data: [DONE]\n\n"
 LLAMA_CHAT = [ROLE, *TOKENS, FINISH, USAGE_CHUNK, DONE]
 
@@ -55,8 +61,14 @@ def tracker(clock: Clock) -> RequestTracker:
     return t
 
 
-def run(events: list[bytes], *, forward_usage: bool, bytewise: bool = False, together: int = 1,
-        first_token_at: int | None = None) -> tuple[bytes, RequestTracker, SSEFilter, Clock]:
+def run(
+    events: list[bytes],
+    *,
+    forward_usage: bool,
+    bytewise: bool = False,
+    together: int = 1,
+    first_token_at: int | None = None,
+) -> tuple[bytes, RequestTracker, SSEFilter, Clock]:
     """Feed ``events`` ``together`` per read (or one byte per read), the clock moving one second per read."""
     clock = Clock()
     t = tracker(clock)
@@ -64,7 +76,7 @@ def run(events: list[bytes], *, forward_usage: bool, bytewise: bool = False, tog
     if bytewise:
         reads = [bytes([b]) for b in b"".join(events)]
     else:
-        reads = [b"".join(events[i:i + together]) for i in range(0, len(events), together)]
+        reads = [b"".join(events[i : i + together]) for i in range(0, len(events), together)]
     out = b""
     for data in reads:
         clock.now += 1.0
@@ -119,9 +131,12 @@ def test_usage_corrects_the_window_to_the_upstreams_count() -> None:
 def test_completions_usage_rides_on_the_last_choices_chunk() -> None:
     """llama-server's /v1/completions puts usage on the closing text chunk: it is kept (it carries the
     choice) and its usage read."""
+
     def text(value: str, **extra: object) -> bytes:
-        return event({"choices": [{"text": value, "index": 0, "finish_reason": None}], "object": "text_completion",
-                      **extra})
+        return event(
+            {"choices": [{"text": value, "index": 0, "finish_reason": None}], "object": "text_completion", **extra}
+        )
+
     events = [text(" a"), text(" b"), text("", usage={"completion_tokens": 2, "prompt_tokens": 2}), DONE]
     out, t, _, _ = run(events, forward_usage=False)
     assert out == b"".join(events)
@@ -129,17 +144,22 @@ def test_completions_usage_rides_on_the_last_choices_chunk() -> None:
 
 
 def test_vllm_continuous_usage_is_read_from_every_chunk() -> None:
-    events = [event({**chat_chunk({"content": f" t{i}"}), "usage": {"prompt_tokens": 5, "completion_tokens": i}})
-              for i in (1, 2, 3)] + [DONE]
+    events = [
+        event({**chat_chunk({"content": f" t{i}"}), "usage": {"prompt_tokens": 5, "completion_tokens": i}})
+        for i in (1, 2, 3)
+    ] + [DONE]
     out, t, _, _ = run(events, forward_usage=True)
     assert out == b"".join(events)
     assert t.output_tokens == 3 and t.streamed_tokens == 3
 
 
-@pytest.mark.parametrize("payload", [
-    {"error": {"message": "slot died", "type": "server_error", "code": 500}},  # OpenAI / llama-server
-    {"object": "error", "message": "slot died", "type": "InternalServerError", "code": 500},  # vLLM
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"error": {"message": "slot died", "type": "server_error", "code": 500}},  # OpenAI / llama-server
+        {"object": "error", "message": "slot died", "type": "InternalServerError", "code": 500},  # vLLM
+    ],
+)
 def test_an_error_event_is_passed_on_and_remembered(payload: dict) -> None:
     events = [ROLE, TOKENS[0], event(payload), DONE]
     out, _, sse, _ = run(events, forward_usage=False)
@@ -198,8 +218,11 @@ def test_the_named_apis_closing_events_mark_the_stream_finished() -> None:
     clock = Clock()
     for table, closing in ((RESPONSES_EVENTS, b"response.completed"), (MESSAGES_EVENTS, b"message_stop")):
         watcher = NamedEventFilter(tracker(clock), clock, table)
-        watcher.feed(b'event: ' + (b"response.output_text.delta" if table is RESPONSES_EVENTS else
-                                    b"content_block_delta") + b'\ndata: {"delta":"x"}\n\n')
+        watcher.feed(
+            b"event: "
+            + (b"response.output_text.delta" if table is RESPONSES_EVENTS else b"content_block_delta")
+            + b'\ndata: {"delta":"x"}\n\n'
+        )
         assert watcher.seen_token and not watcher.finished
         watcher.feed(b"event: " + closing + b'\ndata: {"type":"' + closing + b'"}\n\n')
         assert watcher.finished

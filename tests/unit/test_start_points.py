@@ -9,13 +9,19 @@ from gateway.sweep.result import LevelMetrics, ServerInfo, SweepResult, SweepSet
 
 
 def sweep(url: str = "http://127.0.0.1:8000") -> SweepResult:
-    levels = [LevelMetrics(concurrency=c, output_tokens_per_s=r, failed=f)
-              for c, r, f in ((16, 1770.0, 0), (24, 2092.0, 1), (32, 2245.0, 0), (48, 2345.0, 0), (64, 2000.0, 0))]
+    levels = [
+        LevelMetrics(concurrency=c, output_tokens_per_s=r, failed=f)
+        for c, r, f in ((16, 1770.0, 0), (24, 2092.0, 1), (32, 2245.0, 0), (48, 2345.0, 0), (64, 2000.0, 0))
+    ]
     return SweepResult(
-        server=ServerInfo(url=url, api="chat", model="m"), settings=SweepSettings(levels=[16, 24, 32, 48, 64]),
-        levels=levels, peak_tokens_per_s=2345.0, peak_concurrency=48,
+        server=ServerInfo(url=url, api="chat", model="m"),
+        settings=SweepSettings(levels=[16, 24, 32, 48, 64]),
+        levels=levels,
+        peak_tokens_per_s=2345.0,
+        peak_concurrency=48,
         sweet_spot=SweetSpot(concurrency=32, output_tokens_per_s=2245.0, fraction_of_peak=0.96),
-        cliff=None, verdict="test",
+        cliff=None,
+        verdict="test",
     )
 
 

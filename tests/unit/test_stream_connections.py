@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from gateway.server.parts import Gateway
-from gateway.settings import Settings
 from gateway.server.feedback.control_loop import ControlLoop
+from gateway.server.parts import Gateway
 from gateway.server.upstream.upstream_headers import request_headers
+from gateway.settings import Settings
 from testbed.loopback import serving
 
 EVENTS = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', b"data: [DONE]\n\n"]
@@ -57,8 +57,9 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Rec
 async def stream_once(gateway: Gateway, url: str) -> bytes:
     upstream = gateway.pool.by_name[url]
     headers = request_headers(None, None, "req-1", stream=True, keep_alive=upstream.streams_keep_alive)
-    reply = await gateway.client.send(url, "/v1/chat/completions", b'{"stream":true}', headers, name="upstream-1",
-                                      stream=True, headers_timeout_s=10)
+    reply = await gateway.client.send(
+        url, "/v1/chat/completions", b'{"stream":true}', headers, name="upstream-1", stream=True, headers_timeout_s=10
+    )
     try:
         return await reply.response.read()
     finally:

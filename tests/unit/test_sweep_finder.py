@@ -8,15 +8,30 @@ from gateway.sweep.finder import detect_cliff, find_sweet_spot, judge, slo_viola
 from gateway.sweep.result import SLO, LevelMetrics, Stats
 
 # Tokens/s and p99 TPOT (ms) shaped like the simulator's default profile (knee near 17, ~1,290 peak).
-CURVE = {1: (75, 13), 2: (150, 13), 4: (300, 13), 8: (590, 14), 16: (990, 16), 24: (1165, 21),
-         32: (1230, 26), 48: (1270, 38), 64: (1280, 50)}
+CURVE = {
+    1: (75, 13),
+    2: (150, 13),
+    4: (300, 13),
+    8: (590, 14),
+    16: (990, 16),
+    24: (1165, 21),
+    32: (1230, 26),
+    48: (1270, 38),
+    64: (1280, 50),
+}
 
 
-def level(c: int, tps: float, *, ttft: float = 200.0, tpot: float = 20.0, error_rate: float = 0.0,
-          completed: int = 50) -> LevelMetrics:
+def level(
+    c: int, tps: float, *, ttft: float = 200.0, tpot: float = 20.0, error_rate: float = 0.0, completed: int = 50
+) -> LevelMetrics:
     return LevelMetrics(
-        concurrency=c, output_tokens_per_s=tps, completed=completed, requests=completed,
-        error_rate=error_rate, ttft_ms=Stats(count=1, p99=ttft), tpot_ms=Stats(count=1, p99=tpot),
+        concurrency=c,
+        output_tokens_per_s=tps,
+        completed=completed,
+        requests=completed,
+        error_rate=error_rate,
+        ttft_ms=Stats(count=1, p99=ttft),
+        tpot_ms=Stats(count=1, p99=tpot),
     )
 
 

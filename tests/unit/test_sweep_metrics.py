@@ -5,18 +5,34 @@ from __future__ import annotations
 import pytest
 
 from gateway.sweep.client import RequestRecord
-from gateway.sweep.stats import level_metrics, meets_slo, summarize, tokens_in_window
 from gateway.sweep.result import SLO
+from gateway.sweep.stats import level_metrics, meets_slo, summarize, tokens_in_window
 
 
-def rec(start: float, chunks: list[float], *, tokens: int | None = None, end: float | None = None,
-        status: int = 200, ok: bool = True, error: str | None = None) -> RequestRecord:
+def rec(
+    start: float,
+    chunks: list[float],
+    *,
+    tokens: int | None = None,
+    end: float | None = None,
+    status: int = 200,
+    ok: bool = True,
+    error: str | None = None,
+) -> RequestRecord:
     """A finished request; ``tokens`` None means the server sent no usage (count content chunks)."""
     return RequestRecord(
-        index=0, prompt_len=10, max_tokens=len(chunks), start=start, status=status, ok=ok, error=error,
-        error_kind=None if ok else "http", chunk_times=list(chunks),
+        index=0,
+        prompt_len=10,
+        max_tokens=len(chunks),
+        start=start,
+        status=status,
+        ok=ok,
+        error=error,
+        error_kind=None if ok else "http",
+        chunk_times=list(chunks),
         end=end if end is not None else (chunks[-1] if chunks else start),
-        output_tokens=tokens if tokens is not None else len(chunks), prompt_tokens=12 if tokens is not None else None,
+        output_tokens=tokens if tokens is not None else len(chunks),
+        prompt_tokens=12 if tokens is not None else None,
         usage_reported=tokens is not None,
     )
 

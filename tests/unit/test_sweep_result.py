@@ -9,7 +9,6 @@ import jsonschema
 import pytest
 
 from gateway.sweep.finder import find_sweet_spot, judge
-from gateway.sweep.tables import markdown, write_report
 from gateway.sweep.result import (
     SLO,
     LevelMetrics,
@@ -20,15 +19,31 @@ from gateway.sweep.result import (
     SweepSettings,
     load_sweep_result,
 )
+from gateway.sweep.tables import markdown, write_report
 
 
 def synthetic_result() -> SweepResult:
     slo = SLO()
     levels = [
-        judge(LevelMetrics(concurrency=c, output_tokens_per_s=tps, completed=40, requests=40,
-                           ttft_ms=Stats(count=40, p50=100, p99=ttft), tpot_ms=Stats(count=40, p50=tpot, p99=tpot)), slo)
-        for c, tps, ttft, tpot in [(1, 75, 90, 13), (8, 590, 120, 14), (16, 990, 200, 16), (24, 1165, 300, 21),
-                                   (32, 1230, 400, 26), (48, 800, 3000, 60)]
+        judge(
+            LevelMetrics(
+                concurrency=c,
+                output_tokens_per_s=tps,
+                completed=40,
+                requests=40,
+                ttft_ms=Stats(count=40, p50=100, p99=ttft),
+                tpot_ms=Stats(count=40, p50=tpot, p99=tpot),
+            ),
+            slo,
+        )
+        for c, tps, ttft, tpot in [
+            (1, 75, 90, 13),
+            (8, 590, 120, 14),
+            (16, 990, 200, 16),
+            (24, 1165, 300, 21),
+            (32, 1230, 400, 26),
+            (48, 800, 3000, 60),
+        ]
     ]
     verdict = find_sweet_spot(levels, slo=slo)
     return SweepResult(

@@ -35,8 +35,13 @@ def scrape(metrics: GatewayMetrics) -> tuple[str, dict[str, str]]:
 
 def test_process_platform_and_gc_collectors_are_exported() -> None:
     text, types = scrape(GatewayMetrics())
-    for family in ("process_cpu_seconds", "process_resident_memory_bytes", "process_open_fds", "python_info",
-                   "python_gc_collections"):
+    for family in (
+        "process_cpu_seconds",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "python_info",
+        "python_gc_collections",
+    ):
         assert family in types, f"{family} missing from the exposition"
     assert "sweetspot_event_loop_lag_seconds" in types
 
@@ -49,10 +54,15 @@ def test_unknown_backend_values_are_absent_and_known_ones_exported() -> None:
     metrics.backend_waiting.bind(("http://a",), lambda: float("nan"))
     metrics.backend_preemptions.bind(("http://a",), lambda: known["preemptions"])
     text, types = scrape(metrics)
-    values = [sample for family in text_string_to_metric_families(text) for sample in family.samples
-              if not sample.name.endswith("_bucket")]  # a histogram's +Inf bucket is a label, not a value
-    assert values and all(math.isfinite(sample.value) for sample in values), [s for s in values
-                                                                           if not math.isfinite(s.value)]
+    values = [
+        sample
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if not sample.name.endswith("_bucket")
+    ]  # a histogram's +Inf bucket is a label, not a value
+    assert values and all(math.isfinite(sample.value) for sample in values), [
+        s for s in values if not math.isfinite(s.value)
+    ]
     assert 'sweetspot_backend_kv_cache_usage_ratio{upstream="http://a"} 0.5' in text
     assert "sweetspot_backend_requests_running{" not in text
     assert "sweetspot_backend_requests_waiting{" not in text
@@ -83,8 +93,17 @@ async def test_loop_lag_probe_records_how_late_each_tick_ran() -> None:
 def upstream_with_requests(prompt: int, output: int, count: int = 4) -> Upstream:
     upstream = Upstream("http://a", Limiter("http://a", 8), SlidingWindow(60.0))
     for i in range(count):
-        upstream.window.add(RequestSample(arrived=i, admitted=i, finished=i + 1.0, first_token=i + 0.1,
-                                          prompt_tokens=prompt, output_tokens=output, outcome=Outcome.OK))
+        upstream.window.add(
+            RequestSample(
+                arrived=i,
+                admitted=i,
+                finished=i + 1.0,
+                first_token=i + 0.1,
+                prompt_tokens=prompt,
+                output_tokens=output,
+                outcome=Outcome.OK,
+            )
+        )
     return upstream
 
 
@@ -121,8 +140,17 @@ def test_hard_cap_counts_answers_of_spread_lengths_at_their_lives_mean() -> None
     longest, 12 out of step with room for three spreads of their KV (capacity.kv_cap)."""
     upstream = Upstream("http://a", Limiter("http://a", 8), SlidingWindow(60.0))
     for i, output in enumerate(range(96, 161, 8)):
-        upstream.window.add(RequestSample(arrived=i, admitted=i, finished=i + 1.0, first_token=i + 0.1,
-                                          prompt_tokens=545, output_tokens=output, outcome=Outcome.OK))
+        upstream.window.add(
+            RequestSample(
+                arrived=i,
+                admitted=i,
+                finished=i + 1.0,
+                first_token=i + 0.1,
+                prompt_tokens=545,
+                output_tokens=output,
+                outcome=Outcome.OK,
+            )
+        )
     budget = BackendSnapshot(kind="vllm", kv_capacity_tokens=264 * 32, kv_block_size=32)
     assert hard_cap(budget, upstream, None, None, now=10.0) == 12
 
@@ -143,8 +171,9 @@ def root_logging() -> Iterator[None]:
 
 def test_logs_are_one_json_object_per_line(root_logging: None, capsys: pytest.CaptureFixture[str]) -> None:
     configure_logging("info", "json")
-    logging.getLogger("sweetspot.controller").info("limit changed", extra={"event": "limit_change", "limit": 12,
-                                                                            "upstream": "http://a"})
+    logging.getLogger("sweetspot.controller").info(
+        "limit changed", extra={"event": "limit_change", "limit": 12, "upstream": "http://a"}
+    )
     log_access({"event": "access", "request_id": "r1", "status": 200, "e2e_s": 0.25, "output_tokens": 16})
     try:
         raise RuntimeError("multi\nline")
@@ -159,12 +188,14 @@ def test_logs_are_one_json_object_per_line(root_logging: None, capsys: pytest.Ca
     assert failure["message"] == "request r2 failed" and "RuntimeError: multi\nline" in failure["exc_info"]
 
 
-def test_uvicorn_lines_are_json_without_terminal_colours(root_logging: None,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_uvicorn_lines_are_json_without_terminal_colours(
+    root_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     # serve_app(logging_configured=True) gives uvicorn no handlers of its own: its records reach the root.
     configure_logging("info", "json")
-    logging.getLogger("uvicorn.error").info("Started server process [%d]", 7,
-                                            extra={"color_message": "Started server process [\x1b[36m%d\x1b[0m]"})
+    logging.getLogger("uvicorn.error").info(
+        "Started server process [%d]", 7, extra={"color_message": "Started server process [\x1b[36m%d\x1b[0m]"}
+    )
     (line,) = capsys.readouterr().err.splitlines()
     record = json.loads(line)
     assert record["logger"] == "uvicorn.error" and record["message"] == "Started server process [7]"

@@ -22,18 +22,21 @@ def settings(**values: object) -> Settings:
 
 
 # --- configuration ---------------------------------------------------------------------------------
-@pytest.mark.parametrize(("tenants", "extra", "expected"), [
-    ([{"name": "a", "api_keys": ["k"]}, {"name": "b", "api_keys": ["k"]}], {}, "keys must be unique"),
-    ([{"name": "a", "api_keys": ["k"]}], {"api_keys": ["k"]}, "keys must be unique"),
-    ([{"name": "a", "weight": 0}], {}, "weight must be > 0"),
-    ([{"name": "a", "weight": -1}], {}, "weight must be > 0"),
-    ([{"name": "a", "priority": "urgent"}], {}, "priority 'urgent' is not one of"),
-    ([{"name": "a", "priority": "interactive", "max_priority": "batch"}], {}, "below its priority"),
-    ([{"name": "a"}, {"name": "a"}], {}, "configured twice"),
-    ([{"name": "other"}], {}, "reserved"),
-    ([{"name": "a", "api_keys": ["k"]}], {"tenant_header": "x-tenant"}, "without client keys"),
-    ([], {"default_priority": "urgent"}, "default_priority"),
-])
+@pytest.mark.parametrize(
+    ("tenants", "extra", "expected"),
+    [
+        ([{"name": "a", "api_keys": ["k"]}, {"name": "b", "api_keys": ["k"]}], {}, "keys must be unique"),
+        ([{"name": "a", "api_keys": ["k"]}], {"api_keys": ["k"]}, "keys must be unique"),
+        ([{"name": "a", "weight": 0}], {}, "weight must be > 0"),
+        ([{"name": "a", "weight": -1}], {}, "weight must be > 0"),
+        ([{"name": "a", "priority": "urgent"}], {}, "priority 'urgent' is not one of"),
+        ([{"name": "a", "priority": "interactive", "max_priority": "batch"}], {}, "below its priority"),
+        ([{"name": "a"}, {"name": "a"}], {}, "configured twice"),
+        ([{"name": "other"}], {}, "reserved"),
+        ([{"name": "a", "api_keys": ["k"]}], {"tenant_header": "x-tenant"}, "without client keys"),
+        ([], {"default_priority": "urgent"}, "default_priority"),
+    ],
+)
 def test_bad_tenant_tables_are_refused(tenants: list, extra: dict, expected: str) -> None:
     with pytest.raises(ValidationError, match=expected):
         settings(tenants=tenants, **extra)
@@ -41,8 +44,10 @@ def test_bad_tenant_tables_are_refused(tenants: list, extra: dict, expected: str
 
 def test_a_bad_tenant_table_exits_2_with_one_line(tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
-    config.write_text('upstreams = ["http://127.0.0.1:9"]\n[[tenants]]\nname = "a"\napi_keys = ["k"]\n'
-                      '[[tenants]]\nname = "b"\napi_keys = ["k"]\n')
+    config.write_text(
+        'upstreams = ["http://127.0.0.1:9"]\n[[tenants]]\nname = "a"\napi_keys = ["k"]\n'
+        '[[tenants]]\nname = "b"\napi_keys = ["k"]\n'
+    )
     result = run_serve("--config", str(config))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
@@ -53,8 +58,10 @@ def test_a_tenant_table_from_toml(tmp_path: Path) -> None:
     from gateway.settings import load_settings
 
     config = tmp_path / "ok.toml"
-    config.write_text('upstreams = ["http://127.0.0.1:9"]\n[[tenants]]\nname = "a"\napi_keys = ["ka"]\nweight = 3\n'
-                      'priority = "batch"\nmax_priority = "standard"\nmax_queued = 5\noutput_tokens_per_minute = 600\n')
+    config.write_text(
+        'upstreams = ["http://127.0.0.1:9"]\n[[tenants]]\nname = "a"\napi_keys = ["ka"]\nweight = 3\n'
+        'priority = "batch"\nmax_priority = "standard"\nmax_queued = 5\noutput_tokens_per_minute = 600\n'
+    )
     loaded = load_settings(config)
     assert loaded.tenants[0].weight == 3 and loaded.tenants[0].max_queued == 5
 
@@ -65,8 +72,9 @@ def directory(**values: object) -> TenantDirectory:
 
 
 def test_keys_name_tenants_and_anything_else_is_refused() -> None:
-    tenants = directory(tenants=[{"name": "a", "api_keys": ["ka", "ka2"]}, {"name": "b", "api_keys": ["kb"]}],
-                        api_keys=["plain"])
+    tenants = directory(
+        tenants=[{"name": "a", "api_keys": ["ka", "ka2"]}, {"name": "b", "api_keys": ["kb"]}], api_keys=["plain"]
+    )
     assert tenants.identify(b"ka").name == "a"  # type: ignore[union-attr]
     assert tenants.identify(b"ka2").name == "a"  # type: ignore[union-attr]
     assert tenants.identify(b"kb").name == "b"  # type: ignore[union-attr]
@@ -99,10 +107,12 @@ def test_header_named_tenants_are_bounded() -> None:
 
 
 def test_a_client_may_lower_its_class_and_raise_it_only_to_its_cap() -> None:
-    tenants = directory(tenants=[
-        {"name": "a", "api_keys": ["ka"], "priority": "batch", "max_priority": "standard"},
-        {"name": "b", "api_keys": ["kb"]},
-    ])
+    tenants = directory(
+        tenants=[
+            {"name": "a", "api_keys": ["ka"], "priority": "batch", "max_priority": "standard"},
+            {"name": "b", "api_keys": ["kb"]},
+        ]
+    )
     a, b = tenants.identify(b"ka"), tenants.identify(b"kb")
     assert a is not None and b is not None
     interactive, standard, batch = 0, 1, 2
@@ -114,8 +124,12 @@ def test_a_client_may_lower_its_class_and_raise_it_only_to_its_cap() -> None:
 
 
 def test_an_integer_priority_asks_for_the_class_above_or_below_by_its_sign() -> None:
-    tenants = directory(tenants=[{"name": "a", "api_keys": ["ka"], "max_priority": "interactive"},
-                                 {"name": "b", "api_keys": ["kb"], "priority": "batch"}])
+    tenants = directory(
+        tenants=[
+            {"name": "a", "api_keys": ["ka"], "max_priority": "interactive"},
+            {"name": "b", "api_keys": ["kb"], "priority": "batch"},
+        ]
+    )
     a, b = tenants.identify(b"ka"), tenants.identify(b"kb")
     assert a is not None and b is not None
     assert [tenants.asked_class(a, raw) for raw in ("5", "0", "-1", "-7")] == [0, 1, 2, 2]
@@ -135,10 +149,12 @@ def test_the_quota_refills_continuously_up_to_one_minute() -> None:
 
 
 # --- admission with tenants --------------------------------------------------------------------------
-def queue_of(limit: int, *, max_queue: int = 100, classes: int = 1, clock: FakeClock | None = None
-             ) -> AdmissionQueue[Target]:
-    return AdmissionQueue([Target("a", Limiter("a", limit))], max_queue=max_queue, clock=clock or FakeClock(),
-                          classes=classes)
+def queue_of(
+    limit: int, *, max_queue: int = 100, classes: int = 1, clock: FakeClock | None = None
+) -> AdmissionQueue[Target]:
+    return AdmissionQueue(
+        [Target("a", Limiter("a", limit))], max_queue=max_queue, clock=clock or FakeClock(), classes=classes
+    )
 
 
 async def test_a_tenant_over_its_queue_cap_gets_429_from_its_own_drain_rate() -> None:
@@ -256,8 +272,9 @@ async def test_the_interactive_class_passes_a_batch_backlog() -> None:
 
 
 def reserved_queue(limit: int, reserve: float = 0.1, classes: int = 1) -> AdmissionQueue[Target]:
-    return AdmissionQueue([Target("a", Limiter("a", limit))], max_queue=100, clock=FakeClock(), reserve=reserve,
-                          classes=classes)
+    return AdmissionQueue(
+        [Target("a", Limiter("a", limit))], max_queue=100, clock=FakeClock(), reserve=reserve, classes=classes
+    )
 
 
 async def test_a_light_tenant_finds_a_reserved_slot_and_the_limit_holds() -> None:

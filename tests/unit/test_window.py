@@ -7,17 +7,31 @@ import pytest
 from gateway.control.window import Outcome, RequestSample, SlidingWindow, percentile
 
 
-def sample(arrived: float, *, wait: float = 0.0, ttft: float = 0.5, dur: float = 5.0, out: int = 101,
-           outcome: Outcome = Outcome.OK) -> RequestSample:
+def sample(
+    arrived: float,
+    *,
+    wait: float = 0.0,
+    ttft: float = 0.5,
+    dur: float = 5.0,
+    out: int = 101,
+    outcome: Outcome = Outcome.OK,
+) -> RequestSample:
     admitted = arrived + wait
-    return RequestSample(arrived=arrived, admitted=admitted, finished=admitted + dur,
-                         first_token=admitted + ttft, prompt_tokens=10, output_tokens=out, outcome=outcome)
+    return RequestSample(
+        arrived=arrived,
+        admitted=admitted,
+        finished=admitted + dur,
+        first_token=admitted + ttft,
+        prompt_tokens=10,
+        output_tokens=out,
+        outcome=outcome,
+    )
 
 
 def test_sample_derived_times_follow_vllm_definitions() -> None:
     s = sample(10.0, wait=2.0, ttft=0.5, dur=5.5, out=101)
     assert s.queue_wait == 2.0
-    assert s.ttft == pytest.approx(2.5)          # client-seen, queue included
+    assert s.ttft == pytest.approx(2.5)  # client-seen, queue included
     assert s.upstream_ttft == pytest.approx(0.5)  # net of the queue
     assert s.tpot == pytest.approx((5.5 - 0.5) / 100)
     assert s.e2e == pytest.approx(7.5)
@@ -73,6 +87,16 @@ def test_samples_and_token_buckets_are_pruned_as_they_are_added() -> None:
     for second in range(5000):
         now = float(second)
         window.add_tokens(now, 5)
-        window.add(RequestSample(arrived=now - 1, admitted=now - 1, finished=now, first_token=None,
-                                 prompt_tokens=1, output_tokens=5, outcome=Outcome.OK, streamed=False))
+        window.add(
+            RequestSample(
+                arrived=now - 1,
+                admitted=now - 1,
+                finished=now,
+                first_token=None,
+                prompt_tokens=1,
+                output_tokens=5,
+                outcome=Outcome.OK,
+                streamed=False,
+            )
+        )
     assert len(window._samples) <= 11 and len(window._token_buckets) <= 12

@@ -31,10 +31,9 @@ import random
 from typing import Any
 
 from gateway.control.algorithm import Decision
+from gateway.control.baselines.common import decision, rtt
 from gateway.control.observation import Observation
 from gateway.control.window import Outcome, RequestSample, percentile
-
-from gateway.control.baselines.common import decision, rtt
 
 CONCURRENCY_UPDATE_INTERVAL_S = 0.1
 MIN_RTT_CALC_INTERVAL_S = 60.0
@@ -159,8 +158,11 @@ class EnvoyGradient:
         skipped to the first one after ``now``."""
         eps = 1e-9
         while True:
-            due = [(t, kind) for t, kind in ((self._next_min_rtt, "min_rtt"), (self._next_reset, "reset"))
-                   if t is not None and t <= now + eps]
+            due = [
+                (t, kind)
+                for t, kind in ((self._next_min_rtt, "min_rtt"), (self._next_reset, "reset"))
+                if t is not None and t <= now + eps
+            ]
             if not due:
                 return
             at, kind = min(due)
@@ -195,6 +197,10 @@ class EnvoyGradient:
 
     def state(self) -> dict[str, Any]:
         return {
-            "algorithm": "envoy_gradient", "limit": self._limit, "min_rtt": self.min_rtt,
-            "sample_rtt": self.sample_rtt, "gradient": self.gradient, "in_min_rtt_window": self._in_min_rtt_window,
+            "algorithm": "envoy_gradient",
+            "limit": self._limit,
+            "min_rtt": self.min_rtt,
+            "sample_rtt": self.sample_rtt,
+            "gradient": self.gradient,
+            "in_min_rtt_window": self._in_min_rtt_window,
         }

@@ -11,9 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.control.algorithm import Decision
-from gateway.control.observation import Observation
-
 from gateway.control.baselines.common import decision
+from gateway.control.observation import Observation
 
 
 class StaticLimit:

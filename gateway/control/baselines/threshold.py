@@ -24,10 +24,9 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.control.algorithm import Decision, Reason
+from gateway.control.baselines.common import decision
 from gateway.control.observation import Observation
 from gateway.control.window import RequestSample
-
-from gateway.control.baselines.common import decision
 
 QUEUE_DEPTH_THRESHOLD = 5
 KV_CACHE_UTIL_THRESHOLD = 0.8

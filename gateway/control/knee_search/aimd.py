@@ -34,17 +34,17 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.control.algorithm import Action, Decision, Phase, Reason
+from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.knee_search.capacity import KvRoom, over_share
 from gateway.control.knee_search.ceiling import Ceiling
-from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.knee_search.curve import Curve
 from gateway.control.knee_search.knee import CLIMB_STEP, clearly_below, knee_target, paid, probe_step
 from gateway.control.knee_search.meter import Readings
-from gateway.control.observation import Observation
 from gateway.control.knee_search.reprobe import Probe, Reprobe
-from gateway.control.share import cap_share, follow_target, leading, room_share
 from gateway.control.knee_search.signals import CongestionDetector, Signal
 from gateway.control.knee_search.tpot import TpotPredictor
+from gateway.control.observation import Observation
+from gateway.control.share import cap_share, follow_target, leading, room_share
 
 _DWELL_READINGS = 3  # settled readings at a limit before the curve may move it a little
 _FAR = 0.2  # ... but a knee this far below (share of the limit) is acted on after one reading
@@ -95,9 +95,13 @@ class Aimd:
         self._kv_room.observe(obs, self.config)
         signals = self._detector.update(obs)
         self._readings.observe(obs, self._limit, bottleneck)
-        hi = self.config.limit_max if obs.hard_cap is None else min(
-            self.config.limit_max,
-            cap_share(obs.hard_cap, _demand(obs), obs.peers, self.config.metrics_stale_s))
+        hi = (
+            self.config.limit_max
+            if obs.hard_cap is None
+            else min(
+                self.config.limit_max, cap_share(obs.hard_cap, _demand(obs), obs.peers, self.config.metrics_stale_s)
+            )
+        )
         lo = min(self.config.limit_min, hi)
 
         if self._limit > hi:
@@ -139,8 +143,9 @@ class Aimd:
         if self._phase == Phase.SLOW_START and self._ssthresh is not None:
             return self._recover(obs, lo, hi)
         probe = self._probe
-        rate = self._readings.take(now, short=probe is not None and probe.kind == Phase.SLOW_START
-                                   and self._readings.taken == 0)
+        rate = self._readings.take(
+            now, short=probe is not None and probe.kind == Phase.SLOW_START and self._readings.taken == 0
+        )
         if rate is None:
             return self._hold(obs, Reason.SETTLING)
         self._detail["measured_tokens_per_s"] = round(rate, 2)
@@ -400,8 +405,11 @@ class Aimd:
         if predicted is not None:
             self._detail["predicted_tpot_p99"] = round(predicted, 4)
         if probe.direction > 0 and predicted is not None and slo is not None and predicted > slo:
-            fit = probe.base_limit if base_rate is None else self._tpot.largest_within(
-                slo, probe.base_limit, base_rate, self._limit, rate)
+            fit = (
+                probe.base_limit
+                if base_rate is None
+                else self._tpot.largest_within(slo, probe.base_limit, base_rate, self._limit, rate)
+            )
             self._set_ceiling(now, self._limit - 1)
             self._curve.forget_above(fit)
             self._phase = Phase.CRUISE
@@ -474,8 +482,11 @@ class Aimd:
             "ssthresh": self._ssthresh,
             "ceiling": self._ceiling.value,
             "ceiling_until": self._ceiling.until if self._ceiling.value is not None else None,
-            "probe": None if probe is None else {
-                "direction": "up" if probe.direction > 0 else "down", "base_limit": probe.base_limit,
+            "probe": None
+            if probe is None
+            else {
+                "direction": "up" if probe.direction > 0 else "down",
+                "base_limit": probe.base_limit,
                 "kind": probe.kind,
             },
             "curve": self._curve.as_dict(),

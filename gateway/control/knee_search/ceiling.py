@@ -12,7 +12,7 @@ from __future__ import annotations
 class Ceiling:
     """The highest limit an increase may reach, until a given time; ``value`` is None when there is none."""
 
-    __slots__ = ("value", "until")
+    __slots__ = ("until", "value")
 
     def __init__(self) -> None:
         self.value: int | None = None

@@ -44,7 +44,11 @@ def knee_target(curve: Curve, config: AimdConfig, limit: int, lo: int, top: int)
 
 
 def paid(
-    curve: Curve, config: AimdConfig, base_limit: int, limit: int, rate: float,
+    curve: Curve,
+    config: AimdConfig,
+    base_limit: int,
+    limit: int,
+    rate: float,
 ) -> tuple[bool, dict[str, Any]]:
     """Whether the added slots earned at least ``marginal_gain_min`` of the average per-slot
     throughput below them (the base's rate is the curve's pooled reading, not one sample), and the
@@ -55,8 +59,10 @@ def paid(
     marginal = (rate - base_rate) / (limit - base_limit)
     average = base_rate / base_limit
     detail: dict[str, Any] = dict(
-        base_limit=base_limit, base_tokens_per_s=round(base_rate, 2),
-        marginal_per_slot=round(marginal, 3), average_per_slot=round(average, 3),
+        base_limit=base_limit,
+        base_tokens_per_s=round(base_rate, 2),
+        marginal_per_slot=round(marginal, 3),
+        average_per_slot=round(average, 3),
     )
     if base_rate <= 0:
         return rate > 0, detail

@@ -40,9 +40,18 @@ class ThroughputMeter:
         self._window_span = 0.0
         self._now: float | None = None
 
-    def record(self, now: float, tokens_total: float | None, window_rate: float, window_span: float, *,
-               at: float | None = None, source: str = "gateway", spans: tuple[Span, ...] = (),
-               pending_since: float | None = None) -> None:
+    def record(
+        self,
+        now: float,
+        tokens_total: float | None,
+        window_rate: float,
+        window_span: float,
+        *,
+        at: float | None = None,
+        source: str = "gateway",
+        spans: tuple[Span, ...] = (),
+        pending_since: float | None = None,
+    ) -> None:
         """One tick. ``at``: when ``tokens_total`` was counted (a scrape's time; default ``now``)."""
         self._now = now
         self._window_rate = window_rate
@@ -156,8 +165,16 @@ class Readings:
         if self.changed_at is None:
             self.changed_at = obs.now
         meter = self.meter
-        meter.record(obs.now, obs.tokens_total, obs.tokens_per_s, obs.window_s, at=obs.tokens_at,
-                     source=obs.tokens_source, spans=obs.token_spans, pending_since=obs.tokens_pending_since)
+        meter.record(
+            obs.now,
+            obs.tokens_total,
+            obs.tokens_per_s,
+            obs.window_s,
+            at=obs.tokens_at,
+            source=obs.tokens_source,
+            spans=obs.token_spans,
+            pending_since=obs.tokens_pending_since,
+        )
         settled = obs.now - self.changed_at >= self.settle_s and obs.inflight <= limit
         if not (settled and bottleneck):
             self.steady_since = None

@@ -98,7 +98,7 @@ class Reprobe:
         self.direction = -direction
         if direction > 0 and up == limit:
             return None
-        if direction > 0 and up > limit or down == limit:
+        if (direction > 0 and up > limit) or down == limit:
             self.up_probes += 1
             if self.up_probes >= CLIMB_EVERY or self.reclimb:
                 self.up_probes, self.reclimb = 0, False

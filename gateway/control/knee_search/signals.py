@@ -44,8 +44,12 @@ class Signal:
     factor: float
 
     def as_dict(self) -> dict[str, object]:
-        return {"reason": self.reason.value, "value": round(self.value, 4), "threshold": self.threshold,
-                "factor": round(self.factor, 3)}
+        return {
+            "reason": self.reason.value,
+            "value": round(self.value, 4),
+            "threshold": self.threshold,
+            "factor": round(self.factor, 3),
+        }
 
 
 class CongestionDetector:
@@ -132,8 +136,11 @@ class CongestionDetector:
     def _backend_queue(self, obs: Observation) -> list[Signal]:
         cfg = self.config
         waiting = obs.backend_waiting
-        if not (self._fresh(obs.backend_waiting_age_s) and waiting is not None
-                and waiting > queue_allowance(obs.backend_running)):
+        if not (
+            self._fresh(obs.backend_waiting_age_s)
+            and waiting is not None
+            and waiting > queue_allowance(obs.backend_running)
+        ):
             self._waiting_since = None
             return []
         if self._waiting_since is None:

@@ -28,7 +28,6 @@ from gateway.server.admission.fair_queue import Discipline, FairQueue
 from gateway.server.admission.reserve import Reserve
 from gateway.server.admission.tenants import Tenant
 
-
 # Told of each request that ended on a limiter, after its permit was returned and before anyone queued takes
 # it: (its sample, the in-flight count just after it was admitted, the in-flight count now).
 EndListener = Callable[[RequestSample, int, int], None]
@@ -192,8 +191,9 @@ class AdmissionQueue(Generic[T]):
         self.targets: dict[str, T] = {target.name: target for target in targets}
         self.max_queue = max_queue
         self._clock = clock
-        self._queue: FairQueue[_Waiter[T]] = FairQueue(classes, discipline=discipline,
-                                                      starvation_after=starvation_after)
+        self._queue: FairQueue[_Waiter[T]] = FairQueue(
+            classes, discipline=discipline, starvation_after=starvation_after
+        )
         self._releases: deque[float] = deque()  # release times within the drain horizon
         self._drain_horizon_s = drain_horizon_s
         self._closed: Callable[[], AdmissionError] | None = None
@@ -270,8 +270,13 @@ class AdmissionQueue(Generic[T]):
 
     # --- acquiring -------------------------------------------------------------------------------
     async def acquire(
-        self, *, tenant: Tenant | None = None, priority: int = 0, eligible: Collection[str] | None = None,
-        timeout_s: float, hint: Any = None,
+        self,
+        *,
+        tenant: Tenant | None = None,
+        priority: int = 0,
+        eligible: Collection[str] | None = None,
+        timeout_s: float,
+        hint: Any = None,
     ) -> Permit[T]:
         """Wait for a permit on one of the ``eligible`` upstreams (all when None), in class ``priority``.
 
@@ -290,8 +295,10 @@ class AdmissionQueue(Generic[T]):
         if tenant.quota is not None:
             wait = tenant.quota.retry_after(self._clock())
             if wait is not None:
-                raise QuotaExceeded(f"tenant {tenant.name!r} used its output-token quota "
-                                    f"({tenant.quota.capacity:g} per minute)", retry_after_s=wait)
+                raise QuotaExceeded(
+                    f"tenant {tenant.name!r} used its output-token quota ({tenant.quota.capacity:g} per minute)",
+                    retry_after_s=wait,
+                )
         queue = self._queue
         # A free slot with requests queued is one none of them can take (dispatch runs whenever room appears):
         # an arrival skips nobody by taking it, unless it would pass its own tenant's queued requests.
@@ -300,12 +307,12 @@ class AdmissionQueue(Generic[T]):
             if target is not None:
                 return self._grant(target, tenant)
         if len(queue) >= self.max_queue:
-            raise QueueFull(
-                f"the gateway's queue is full ({self.max_queue} waiting)", retry_after_s=self.retry_after()
-            )
+            raise QueueFull(f"the gateway's queue is full ({self.max_queue} waiting)", retry_after_s=self.retry_after())
         if tenant.max_queued is not None and tenant.queued >= tenant.max_queued:
-            raise TenantQueueFull(f"tenant {tenant.name!r} has {tenant.queued} requests queued, its cap",
-                                  retry_after_s=tenant.retry_after(self._clock()))
+            raise TenantQueueFull(
+                f"tenant {tenant.name!r} has {tenant.queued} requests queued, its cap",
+                retry_after_s=tenant.retry_after(self._clock()),
+            )
         waiter: _Waiter[T] = _Waiter(asyncio.get_running_loop().create_future(), eligible, tenant, priority, hint)
         queue.push(waiter, flow=tenant, weight=tenant.weight, cls=priority)
         self.reserve.join(tenant)

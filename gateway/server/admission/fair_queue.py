@@ -41,7 +41,7 @@ W = TypeVar("W", bound=Item)
 class _Flow(Generic[W]):
     """One flow's FIFO inside one class, with its virtual time."""
 
-    __slots__ = ("key", "weight", "items", "live", "vstart")
+    __slots__ = ("items", "key", "live", "vstart", "weight")
 
     def __init__(self, key: Hashable, weight: float) -> None:
         self.key = key
@@ -57,7 +57,7 @@ class _Flow(Generic[W]):
 
 
 class _Class(Generic[W]):
-    __slots__ = ("flows", "vtime", "passed", "live")
+    __slots__ = ("flows", "live", "passed", "vtime")
 
     def __init__(self) -> None:
         self.flows: dict[Hashable, _Flow[W]] = {}
@@ -206,4 +206,3 @@ class FairQueue(Generic[W]):
                 del items[position]
                 return item
         return None
-

@@ -77,7 +77,11 @@ class Reserve:
         if tenant.inflight < tenant.weight * half_share:
             return True
         for other in self.active:
-            if (other is not tenant and not other.queued and other.priority <= tenant.priority
-                    and other.inflight < other.weight * half_share):
+            if (
+                other is not tenant
+                and not other.queued
+                and other.priority <= tenant.priority
+                and other.inflight < other.weight * half_share
+            ):
                 return False
         return True

@@ -86,8 +86,10 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p["text"] if isinstance(p, dict) and isinstance(p.get("text"), str)
-                       else json.dumps(p, sort_keys=True) for p in content)
+        return "".join(
+            p["text"] if isinstance(p, dict) and isinstance(p.get("text"), str) else json.dumps(p, sort_keys=True)
+            for p in content
+        )
     return json.dumps(content, sort_keys=True)
 
 
@@ -98,7 +100,7 @@ def chunk_keys(text: str, *, chunk_chars: int = CHUNK_CHARS, max_chunks: int = M
     parent = 0
     end = min(len(text), chunk_chars * max_chunks)
     for start in range(0, end - chunk_chars + 1, chunk_chars):
-        parent = hash((parent, text[start:start + chunk_chars]))
+        parent = hash((parent, text[start : start + chunk_chars]))
         keys.append(parent)
     return tuple(keys)
 
@@ -190,8 +192,7 @@ class MetricsObserver(RouteObserver):
 class PrefixRouter:
     """Chooses among available upstreams by prefix affinity against load, and remembers the choice."""
 
-    def __init__(self, prefixes: PrefixMap, *, load_weight: float = 1.0,
-                 observer: RouteObserver | None = None) -> None:
+    def __init__(self, prefixes: PrefixMap, *, load_weight: float = 1.0, observer: RouteObserver | None = None) -> None:
         self.prefixes = prefixes
         self.load_weight = load_weight
         self.observer = observer if observer is not None else RouteObserver()
@@ -213,8 +214,7 @@ class PrefixRouter:
         def score(target: T) -> tuple[float, int, int]:
             limiter = target.limiter
             load = limiter.inflight / limiter.limit
-            return (matched.get(target.name, 0) / total - weight * load, limiter.free,
-                    -chosen_at.get(target.name, -1))
+            return (matched.get(target.name, 0) / total - weight * load, limiter.free, -chosen_at.get(target.name, -1))
 
         chosen = max(available, key=score)
         self._decisions += 1

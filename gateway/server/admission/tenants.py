@@ -38,7 +38,7 @@ class TokenBucket:
     output tokens are taken out even when that takes the bucket below zero (a generation is never cut);
     while it is at or below zero new requests are refused until it is positive again."""
 
-    __slots__ = ("capacity", "rate", "level", "stamp")
+    __slots__ = ("capacity", "level", "rate", "stamp")
 
     def __init__(self, per_minute: int, now: float) -> None:
         self.capacity = float(per_minute)
@@ -131,8 +131,9 @@ class Tenant:
 class TenantDirectory:
     """The tenants of one gateway, built from the settings, and who a request is."""
 
-    def __init__(self, settings: Settings, *, clock: Callable[[], float],
-                 meters: Callable[[str], TenantMeters] | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, clock: Callable[[], float], meters: Callable[[str], TenantMeters] | None = None
+    ) -> None:
         self.classes = list(settings.priority_classes)
         self._clock = clock
         self._meters = meters
@@ -158,14 +159,20 @@ class TenantDirectory:
         highest = priority if config.max_priority is None else self.classes.index(config.max_priority)
         quota = config.output_tokens_per_minute
         return Tenant(
-            name=config.name, label=label, weight=config.weight, priority=priority, max_priority=highest,
-            max_inflight=config.max_inflight, max_queued=config.max_queued,
+            name=config.name,
+            label=label,
+            weight=config.weight,
+            priority=priority,
+            max_priority=highest,
+            max_inflight=config.max_inflight,
+            max_queued=config.max_queued,
             quota=TokenBucket(quota, self._clock()) if quota else None,
             meters=self._meters(label) if self._meters is not None else None,
         )
 
-    def identify(self, token: bytes | None, api_key: bytes | None = None, *,
-                 named: bytes | None = None) -> Tenant | None:
+    def identify(
+        self, token: bytes | None, api_key: bytes | None = None, *, named: bytes | None = None
+    ) -> Tenant | None:
         """The tenant of a request with bearer ``token`` or ``x-api-key`` value ``api_key`` (Anthropic's SDK),
         and the tenant header's value ``named``; None when keys are required and none matches (401)."""
         if self.requires_key:

@@ -62,12 +62,16 @@ def build(path: str, factory: Callable[[], object]) -> LimitAlgorithm:
     try:
         algorithm = factory()
     except Exception as exc:
-        raise ValueError(f"algorithm {path!r}: calling it with no arguments failed ({type(exc).__name__}: {exc})") from None
+        raise ValueError(
+            f"algorithm {path!r}: calling it with no arguments failed ({type(exc).__name__}: {exc})"
+        ) from None
     missing = [name for name in _MEMBERS if not hasattr(algorithm, name)]
     if missing:
-        raise ValueError(f"algorithm {path!r} built a {type(algorithm).__name__}, which is not a limit algorithm "
-                         f"(no {', '.join(missing)}; see gateway/control/algorithm.py)")
-    limit = getattr(algorithm, "limit")
+        raise ValueError(
+            f"algorithm {path!r} built a {type(algorithm).__name__}, which is not a limit algorithm "
+            f"(no {', '.join(missing)}; see gateway/control/algorithm.py)"
+        )
+    limit = getattr(algorithm, "limit")  # noqa: B009 (an object's limit, checked below before the cast)
     if not isinstance(limit, int) or isinstance(limit, bool):
         raise ValueError(f"algorithm {path!r}: its limit is {limit!r}, not an int")
     return cast(LimitAlgorithm, algorithm)  # checked above, member by member

@@ -28,19 +28,19 @@ from dataclasses import dataclass, field
 from prometheus_client import Gauge
 
 from gateway.control.algorithm import Decision, LimitAlgorithm, RequestObserver
-from gateway.control.knee_search.capacity import kv_cap
 from gateway.control.config import AimdConfig
-from gateway.control.observation import GpuHeadroom, Headroom, LimiterState
 from gateway.control.controller import UpstreamControl
+from gateway.control.knee_search.capacity import kv_cap
+from gateway.control.observation import GpuHeadroom, Headroom, LimiterState
 from gateway.control.share import Peers
 from gateway.control.window import RequestSample
 from gateway.server.feedback.algorithm_path import load_factory
-from gateway.server.parts import Gateway
 from gateway.server.feedback.share_board import ShareBoard
 from gateway.server.feedback.start_points import load_start_points
+from gateway.server.parts import Gateway
+from gateway.server.upstream.pool import Upstream
 from gateway.telemetry.backends import BackendScraper, BackendSnapshot
 from gateway.telemetry.nvml import GpuSource, NvmlSource
-from gateway.server.upstream.pool import Upstream
 
 log = logging.getLogger("sweetspot.controller")
 
@@ -62,7 +62,7 @@ class ControlLoop:
     board: ShareBoard | None = None  # the replicas' shared state, when configured
 
     @classmethod
-    def build(cls, gateway: Gateway, gpu_source: GpuSource | None = None) -> "ControlLoop":
+    def build(cls, gateway: Gateway, gpu_source: GpuSource | None = None) -> ControlLoop:
         settings = gateway.settings
         loop = cls(gateway, gpu_source or NvmlSource(settings.gpus))
         starts = load_start_points(settings.sweep_result, [upstream.name for upstream in gateway.pool])
@@ -89,7 +89,9 @@ class ControlLoop:
                 if start.peak_tokens_per_s:
                     gateway.metrics.sweep_peak_tokens_per_s.labels(upstream.name).set(start.peak_tokens_per_s)
             if settings.control_enabled:
-                control = UpstreamControl(upstream.name, config, initial_limit=initial, start=start, algorithm=algorithm)
+                control = UpstreamControl(
+                    upstream.name, config, initial_limit=initial, start=start, algorithm=algorithm
+                )
                 loop.controls[upstream.name] = control
                 if isinstance(control.algorithm, RequestObserver):
                     upstream.limiter.on_end = loop.request_listener(upstream, control.algorithm)
@@ -102,7 +104,9 @@ class ControlLoop:
         settings = self.gateway.settings
         return max(settings.limit_min, min(limit, settings.limit_max))
 
-    def request_listener(self, upstream: Upstream, algorithm: RequestObserver) -> Callable[[RequestSample, int, int], None]:
+    def request_listener(
+        self, upstream: Upstream, algorithm: RequestObserver
+    ) -> Callable[[RequestSample, int, int], None]:
         """The limiter's ``on_end`` for an algorithm that learns from each request as it ends."""
         limiter, clock = upstream.limiter, self.gateway.clock
 
@@ -110,8 +114,9 @@ class ControlLoop:
             try:
                 limit = self.bounded(algorithm.on_request(clock(), sample, inflight_at_start, inflight))
             except Exception:
-                log.exception("the algorithm of %s failed on a request's end; its limit stays %d",
-                              upstream.name, limiter.limit)
+                log.exception(
+                    "the algorithm of %s failed on a request's end; its limit stays %d", upstream.name, limiter.limit
+                )
                 return
             if limit != limiter.limit:
                 limiter.set_limit(limit)  # the queue is dispatched next, by the release that called this
@@ -123,8 +128,11 @@ class ControlLoop:
         settings = self.gateway.settings
         for upstream in self.gateway.pool:
             self.scrapers[upstream.name] = BackendScraper(
-                upstream.url, kind=settings.backend, session=self.gateway.client.poll_session,
-                api_key=settings.upstream_api_key, clock=self.gateway.clock,
+                upstream.url,
+                kind=settings.backend,
+                session=self.gateway.client.poll_session,
+                api_key=settings.upstream_api_key,
+                clock=self.gateway.clock,
                 timeout_s=min(settings.metrics_interval_s, 5.0),
                 read_health=False,  # the health poll (gateway.server.upstream.pool) reads /health already
             )
@@ -151,14 +159,16 @@ class ControlLoop:
     # --- loops --------------------------------------------------------------------------------------
     async def scrape(self, names: list[str] | None = None) -> None:
         """Scrape every upstream's backend, or those ``names``."""
+
         async def one(name: str, scraper: BackendScraper) -> None:
             snapshot = await scraper.scrape()
             self.gateway.pool.by_name[name].streams_keep_alive = scraper.kind == "vllm"
             if snapshot.error is not None:
                 self.gateway.metrics.backend_scrape_errors.labels(name).inc()
 
-        await asyncio.gather(*(one(name, scraper) for name, scraper in self.scrapers.items()
-                               if names is None or name in names))
+        await asyncio.gather(
+            *(one(name, scraper) for name, scraper in self.scrapers.items() if names is None or name in names)
+        )
 
     async def read_gpus(self) -> None:
         gpus = await asyncio.to_thread(self.gpu_source.read)
@@ -184,14 +194,19 @@ class ControlLoop:
         for name, control in self.controls.items():
             self.tick_one(self.gateway.pool.by_name[name], control, now, peers=peers.get(name))
 
-    def tick_one(self, upstream: Upstream, control: UpstreamControl, now: float, *,
-                 peers: Peers | None = None) -> Decision:
+    def tick_one(
+        self, upstream: Upstream, control: UpstreamControl, now: float, *, peers: Peers | None = None
+    ) -> Decision:
         gateway = self.gateway
         limiter = upstream.limiter
         scraper = self.scrapers.get(upstream.name)
         snapshot = scraper.latest if scraper is not None else NOT_SCRAPED
-        state = LimiterState(limit=limiter.limit, inflight=limiter.inflight, peak_inflight=limiter.take_peak(),
-                             queue_depth=gateway.queue.depth_for(upstream.name))
+        state = LimiterState(
+            limit=limiter.limit,
+            inflight=limiter.inflight,
+            peak_inflight=limiter.take_peak(),
+            queue_depth=gateway.queue.depth_for(upstream.name),
+        )
         cap = hard_cap(snapshot, upstream, gateway.settings.kv_capacity_tokens, gateway.settings.backend_max_seqs, now)
         decision = control.tick(now, upstream.window, state, self.headroom(snapshot), hard_cap=cap, peers=peers)
         limit = self.bounded(decision.limit)
@@ -212,7 +227,9 @@ class ControlLoop:
 
     def headroom(self, snapshot: BackendSnapshot) -> Headroom:
         return Headroom(
-            gpus=tuple(self.gpus), gpus_at=self.gpus_at, gpus_reason=self.gpu_source.reason,
+            gpus=tuple(self.gpus),
+            gpus_at=self.gpus_at,
+            gpus_reason=self.gpu_source.reason,
             kv_usage=snapshot.kv_usage,
             backend_running=None if snapshot.running is None else int(snapshot.running),
             backend_waiting=None if snapshot.waiting is None else int(snapshot.waiting),
@@ -232,8 +249,9 @@ class ControlLoop:
         self.gpu_source.close()
 
 
-def hard_cap(snapshot: BackendSnapshot, upstream: Upstream, planned_kv_tokens: int | None,
-             max_seqs: int | None, now: float) -> int | None:
+def hard_cap(
+    snapshot: BackendSnapshot, upstream: Upstream, planned_kv_tokens: int | None, max_seqs: int | None, now: float
+) -> int | None:
     """The most concurrency the upstream can hold: the smallest of what is known of its scheduler's own
     cap (llama-server's slots; vLLM's ``--max-num-seqs``, which it does not publish, so it comes from
     ``backend_max_seqs``) and how many typical requests its KV cache holds (``capacity.kv_cap``, from

@@ -41,20 +41,30 @@ def replica_id() -> str:
 class ShareBoard:
     """One replica's view of the Redis board (``redis.asyncio``, imported only when configured)."""
 
-    def __init__(self, url: str, ttl_s: float, *, replica: str | None = None,
-                 wall_clock: Callable[[], float] = time.time, client: Any = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        ttl_s: float,
+        *,
+        replica: str | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        client: Any = None,
+    ) -> None:
         if client is None:
             try:
                 import redis.asyncio as aioredis
                 from redis.asyncio.retry import Retry
                 from redis.backoff import NoBackoff
             except ImportError as exc:  # pragma: no cover - depends on the install
-                raise ValueError("share_redis_url needs the redis client: pip install 'sweetspot-gateway[share]'") from exc
+                raise ValueError(
+                    "share_redis_url needs the redis client: pip install 'sweetspot-gateway[share]'"
+                ) from exc
             # One immediate retry, no backoff: after Redis restarts, the first command finds its pooled connection
             # closed and goes again on a new one; anything longer is the next tick's business (redis-py 6+ would
             # otherwise retry with backoff past the tick's timeout).
-            client = aioredis.Redis.from_url(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S,
-                                             retry=Retry(NoBackoff(), 1))
+            client = aioredis.Redis.from_url(
+                url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, retry=Retry(NoBackoff(), 1)
+            )
         self._redis = client
         self.ttl_s = ttl_s
         self.replica = replica or replica_id()
@@ -79,8 +89,9 @@ class ShareBoard:
                     await self._redis.hdel(key, *stale)
         except Exception as exc:  # noqa: BLE001 - any failure of the optional board degrades to "no peers"
             if not self.failing:
-                log.warning("shared state unavailable, each replica on its own until it is back",
-                            extra={"error": repr(exc)})
+                log.warning(
+                    "shared state unavailable, each replica on its own until it is back", extra={"error": repr(exc)}
+                )
             self.failing = True
             return None
         if self.failing:

@@ -24,11 +24,13 @@ def start_point(result: SweepResult) -> StartPoint | None:
     if spot is None:
         return None
     top = result.peak_concurrency
-    levels = tuple(sorted(
-        (level.concurrency, level.output_tokens_per_s)
-        for level in result.levels
-        if level.output_tokens_per_s > 0 and not level.failed and (top is None or level.concurrency <= top)
-    ))
+    levels = tuple(
+        sorted(
+            (level.concurrency, level.output_tokens_per_s)
+            for level in result.levels
+            if level.output_tokens_per_s > 0 and not level.failed and (top is None or level.concurrency <= top)
+        )
+    )
     return StartPoint(limit=spot.concurrency, peak_tokens_per_s=result.peak_tokens_per_s, levels=levels)
 
 
@@ -43,6 +45,11 @@ def load_start_points(path: Path | None, upstreams: Sequence[str]) -> dict[str, 
         return {}
     swept = str(result.server.url).rstrip("/")
     chosen = [swept] if swept in upstreams else list(upstreams)
-    log.info("starting %s at the sweet spot %d from %s (peak %.0f tokens/s)",
-             ", ".join(chosen), start.limit, path, start.peak_tokens_per_s or 0)
+    log.info(
+        "starting %s at the sweet spot %d from %s (peak %.0f tokens/s)",
+        ", ".join(chosen),
+        start.limit,
+        path,
+        start.peak_tokens_per_s or 0,
+    )
     return {name: start for name in chosen}

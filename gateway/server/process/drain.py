@@ -38,8 +38,9 @@ class DrainState:
 
 
 def shutting_down() -> ShuttingDown:
-    return ShuttingDown("the gateway is shutting down; retry (another replica will answer)",
-                        retry_after_s=DRAIN_RETRY_AFTER_S)
+    return ShuttingDown(
+        "the gateway is shutting down; retry (another replica will answer)", retry_after_s=DRAIN_RETRY_AFTER_S
+    )
 
 
 def inflight(gateway: Gateway) -> int:

@@ -41,8 +41,13 @@ class FrontDoorLimits:
 def refusal(status: int, message: str, code: str, *, retry_after_s: int | None = None) -> bytes:
     """A complete HTTP/1.1 response carrying an OpenAI-shaped error, closing the connection."""
     body = json.dumps(error_body(message, status=status, code=code)).encode()
-    head = [f"HTTP/1.1 {status} {_REASONS[status]}", "content-type: application/json",
-            f"content-length: {len(body)}", "connection: close", f"x-sweetspot-reason: {code}"]
+    head = [
+        f"HTTP/1.1 {status} {_REASONS[status]}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        "connection: close",
+        f"x-sweetspot-reason: {code}",
+    ]
     if retry_after_s is not None:
         head.append(f"retry-after: {retry_after_s}")
     return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + body
@@ -63,8 +68,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
-            self._refuse(503, f"the gateway holds {self.limits.max_connections} connections already",
-                         "too_many_connections", retry_after_s=1)
+            self._refuse(
+                503,
+                f"the gateway holds {self.limits.max_connections} connections already",
+                "too_many_connections",
+                retry_after_s=1,
+            )
             return
         self._arm_head_timer()
 
@@ -120,8 +129,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _head_timed_out(self) -> None:
         self._head_timer = None
         if self._in_head and not self.transport.is_closing():
-            self._refuse(408, f"request headers not received within {self.limits.read_timeout_s:g} s",
-                         "request_timeout")
+            self._refuse(
+                408, f"request headers not received within {self.limits.read_timeout_s:g} s", "request_timeout"
+            )
 
     def _refuse(self, status: int, message: str, code: str, *, retry_after_s: int | None = None) -> None:
         self._disarm_head_timer()

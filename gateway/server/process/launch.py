@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
 from gateway.common.asgi_server import listen_socket, serve_app, shown_host
 from gateway.settings import Settings, load_settings
 
@@ -49,24 +48,33 @@ def run(config: Path | None = None, **flags: Any) -> None:
         raise SystemExit(status)
 
 
-def _serve_gateway(settings: Settings, *, sock: socket.socket | None = None,
-                   ready: Callable[[], object] | None = None) -> None:
+def _serve_gateway(
+    settings: Settings, *, sock: socket.socket | None = None, ready: Callable[[], object] | None = None
+) -> None:
     from gateway.server.app import create_server_app
-    from gateway.server.process.logs import configure_logging
     from gateway.server.process.drain import drain
     from gateway.server.process.front_door import FrontDoorLimits, guarded_protocol
+    from gateway.server.process.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format, access_log=settings.access_log)
     app = create_server_app(settings)
     rejections = app.gateway.metrics.rejections
-    limits = FrontDoorLimits(max_connections=settings.max_connections, max_header_bytes=settings.max_header_bytes,
-                             read_timeout_s=settings.request_read_timeout_s,
-                             on_refusal=lambda reason: rejections.labels(reason).inc())
+    limits = FrontDoorLimits(
+        max_connections=settings.max_connections,
+        max_header_bytes=settings.max_header_bytes,
+        read_timeout_s=settings.request_read_timeout_s,
+        on_refusal=lambda reason: rejections.labels(reason).inc(),
+    )
     serve_app(
-        app, name="sweetspot gateway", host=settings.host, port=settings.port, log_level=settings.log_level,
-        banner=lambda: f"upstreams: {', '.join(settings.upstreams)}", http=guarded_protocol(limits),
-        drain=lambda: drain(app.gateway, settings.drain_timeout_s), sock=sock, ready=ready,
+        app,
+        name="sweetspot gateway",
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        banner=lambda: f"upstreams: {', '.join(settings.upstreams)}",
+        http=guarded_protocol(limits),
+        drain=lambda: drain(app.gateway, settings.drain_timeout_s),
+        sock=sock,
+        ready=ready,
         logging_configured=True,
     )
-
-

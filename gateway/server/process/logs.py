@@ -28,11 +28,13 @@ def configure_logging(level: str, fmt: LogFormat = "json", *, access_log: bool =
     access.setLevel(logging.NOTSET if access_log else logging.WARNING)
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
-        handler.setFormatter(JsonFormatter(
-            "%(levelname)s %(name)s %(message)s",
-            rename_fields={"levelname": "level", "name": "logger"},
-            timestamp=True,
-        ))
+        handler.setFormatter(
+            JsonFormatter(
+                "%(levelname)s %(name)s %(message)s",
+                rename_fields={"levelname": "level", "name": "logger"},
+                timestamp=True,
+            )
+        )
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(_without_terminal_colours)

@@ -37,8 +37,9 @@ def messages_usage(payload: dict[str, Any]) -> dict[str, int] | None:
     usage = payload.get("usage")
     if not isinstance(usage, dict):
         return None
-    prompt = sum(_int(usage.get(key)) for key in
-                 ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
+    prompt = sum(
+        _int(usage.get(key)) for key in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    )
     return {"prompt_tokens": prompt, "completion_tokens": _int(usage.get("output_tokens"))}
 
 
@@ -63,8 +64,14 @@ class EventTable:
 
 
 RESPONSES_EVENTS = EventTable(
-    tokens=frozenset({b"response.output_text.delta", b"response.reasoning_text.delta",
-                      b"response.refusal.delta", b"response.function_call_arguments.delta"}),
+    tokens=frozenset(
+        {
+            b"response.output_text.delta",
+            b"response.reasoning_text.delta",
+            b"response.refusal.delta",
+            b"response.function_call_arguments.delta",
+        }
+    ),
     usage=frozenset({b"response.completed", b"response.incomplete", b"response.failed"}),
     errors=frozenset({b"error", b"response.failed"}),
     ends=frozenset({b"response.completed", b"response.incomplete", b"response.failed"}),
@@ -121,7 +128,7 @@ class NamedEventFilter:
         if not event.startswith(b"event:"):
             return 0
         line_end = event.find(b"\n")
-        name = event[6:line_end if line_end >= 0 else len(event)].strip()
+        name = event[6 : line_end if line_end >= 0 else len(event)].strip()
         table = self._table
         if name in table.tokens:
             return 1
@@ -170,7 +177,7 @@ def _data_of(event: bytes) -> dict[str, Any] | None:
         return None
     end = event.find(b"\n", at)
     try:
-        payload = json.loads(event[at + 5:end if end >= 0 else len(event)])
+        payload = json.loads(event[at + 5 : end if end >= 0 else len(event)])
     except ValueError:
         return None
     return payload if isinstance(payload, dict) else None

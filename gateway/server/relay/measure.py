@@ -20,6 +20,7 @@ from gateway.server.admission.tenants import Tenant
 from gateway.server.upstream.pool import Upstream
 from gateway.telemetry.metrics import GatewayMetrics
 
+
 @dataclass
 class RequestTracker:
     arrived: float
@@ -81,8 +82,14 @@ class RequestTracker:
         assert self.upstream is not None and self.admitted is not None
         now = self.clock()
         sample = RequestSample(
-            arrived=self.arrived, admitted=self.admitted, finished=now, first_token=None,
-            prompt_tokens=0, output_tokens=0, outcome=Outcome.UPSTREAM_ERROR, streamed=self.streamed,
+            arrived=self.arrived,
+            admitted=self.admitted,
+            finished=now,
+            first_token=None,
+            prompt_tokens=0,
+            output_tokens=0,
+            outcome=Outcome.UPSTREAM_ERROR,
+            streamed=self.streamed,
         )
         self.upstream.window.add(sample)
         metrics.child(metrics.upstream_requests, self.upstream.name, Outcome.UPSTREAM_ERROR.value, self.model).inc()

@@ -32,8 +32,7 @@ def _has_token(choices: list) -> bool:
             return True
         delta = choice.get("delta")
         if isinstance(delta, dict) and (
-            delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-            or delta.get("tool_calls")
+            delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or delta.get("tool_calls")
         ):
             return True
     return False
@@ -72,8 +71,13 @@ class SSEFilter:
 
     def feed(self, data: bytes) -> bytes:
         """Bytes to send to the client for this read: every complete event, filtered."""
-        if (self.seen_token and not self._rest and data.endswith(self._separator)
-                and b'"usage"' not in data and b'"error"' not in data):
+        if (
+            self.seen_token
+            and not self._rest
+            and data.endswith(self._separator)
+            and b'"usage"' not in data
+            and b'"error"' not in data
+        ):
             # Once tokens flow, most reads are whole token events and nothing to drop: each JSON event
             # (one ending in "}") counts, and the read is passed on as it is.
             count = data.count(self._json_end)
@@ -129,13 +133,17 @@ class SSEFilter:
         if end < 0:
             return counted
         start = counted.rfind(self._separator, 0, end)
-        return counted[start + len(self._separator) if start >= 0 else 0:end + len(self._json_end)]
+        return counted[start + len(self._separator) if start >= 0 else 0 : end + len(self._json_end)]
 
     def _keep(self, event: bytes, step: int) -> bool:
         if not event.startswith(b"data:"):
             return True  # comments / keep-alives / other SSE fields pass through
-        if (self.seen_token and event[-step - 1] == 0x7D  # "}": a JSON event, not [DONE]
-                and b'"usage"' not in event and b'"error"' not in event):
+        if (
+            self.seen_token
+            and event[-step - 1] == 0x7D  # "}": a JSON event, not [DONE]
+            and b'"usage"' not in event
+            and b'"error"' not in event
+        ):
             self._tokens += 1
             self._last_counted = event
             return True

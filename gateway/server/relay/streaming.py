@@ -11,8 +11,8 @@ import aiohttp
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.control.window import Outcome
 from gateway.common.headers import QUEUE_HEADER, queue_header_value
+from gateway.control.window import Outcome
 from gateway.server.relay.request_watch import RequestWatch, Stop
 from gateway.server.relay.sse import StreamWatcher
 from gateway.server.upstream.upstream_client import UpstreamReply
@@ -75,12 +75,15 @@ class ProxyStreamResponse(Response):
                 outcome = Outcome.OK if self._sse.upstream_error is None else Outcome.UPSTREAM_ERROR
             elif why is Stop.SHUTDOWN:
                 outcome = Outcome.SHUT_DOWN
-                await self._end_with(send, self._error_event(
-                    "the gateway is shutting down; retry on another replica", "shutting_down", 503))
+                await self._end_with(
+                    send,
+                    self._error_event("the gateway is shutting down; retry on another replica", "shutting_down", 503),
+                )
             elif why is Stop.FIRST_TOKEN_TIMEOUT:
                 outcome = Outcome.TIMED_OUT
-                await self._end_with(send, self._error_event(
-                    "the upstream produced no token in time", "upstream_timeout", 504))
+                await self._end_with(
+                    send, self._error_event("the upstream produced no token in time", "upstream_timeout", 504)
+                )
         finally:
             self._reply.close()
             self._on_done(outcome)
@@ -97,7 +100,8 @@ class ProxyStreamResponse(Response):
 
     async def _pump(self, send: Send) -> Outcome:
         overdue: asyncio.TimerHandle | None = asyncio.get_running_loop().call_at(
-            self._first_token_deadline, self._watch.stop, Stop.FIRST_TOKEN_TIMEOUT)
+            self._first_token_deadline, self._watch.stop, Stop.FIRST_TOKEN_TIMEOUT
+        )
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         self._started = True
         sse = self._sse
@@ -115,16 +119,27 @@ class ProxyStreamResponse(Response):
                 await send({"type": "http.response.body", "body": tail, "more_body": True})
             if sse.upstream_error is not None:
                 outcome = Outcome.UPSTREAM_ERROR
-        except asyncio.TimeoutError:
+        except TimeoutError:
             outcome = Outcome.TIMED_OUT
-            await send({"type": "http.response.body", "more_body": True,
-                        "body": self._error_event("the upstream went silent mid-stream", "upstream_timeout", 504)})
+            await send(
+                {
+                    "type": "http.response.body",
+                    "more_body": True,
+                    "body": self._error_event("the upstream went silent mid-stream", "upstream_timeout", 504),
+                }
+            )
         except (aiohttp.ClientError, OSError) as exc:
             outcome = Outcome.UPSTREAM_ERROR
             log.warning("upstream stream broke: %s: %s", type(exc).__name__, exc)
-            await send({"type": "http.response.body", "more_body": True,
-                        "body": self._error_event(f"the upstream failed mid-stream ({type(exc).__name__})",
-                                                  "upstream_disconnected", 502)})
+            await send(
+                {
+                    "type": "http.response.body",
+                    "more_body": True,
+                    "body": self._error_event(
+                        f"the upstream failed mid-stream ({type(exc).__name__})", "upstream_disconnected", 502
+                    ),
+                }
+            )
         finally:
             if overdue is not None:
                 overdue.cancel()

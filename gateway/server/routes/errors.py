@@ -56,8 +56,15 @@ def anthropic_status(status: int) -> int:
     return 529 if status == 503 else status
 
 
-def error_body(message: str, *, status: int, code: str | None = None, param: str | None = None,
-               type_: str | None = None, dialect: Dialect = Dialect.OPENAI) -> dict:
+def error_body(
+    message: str,
+    *,
+    status: int,
+    code: str | None = None,
+    param: str | None = None,
+    type_: str | None = None,
+    dialect: Dialect = Dialect.OPENAI,
+) -> dict:
     if dialect is Dialect.ANTHROPIC:
         kind = _ANTHROPIC_TYPES.get(anthropic_status(status), "api_error" if status >= 500 else "invalid_request_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
@@ -95,8 +102,9 @@ def error_response(
     return Response(body, status_code=shown, media_type="application/json", headers=headers)
 
 
-def sse_error_event(message: str, *, code: str, status: int = 502, dialect: Dialect = Dialect.OPENAI,
-                    named: bool = False) -> bytes:
+def sse_error_event(
+    message: str, *, code: str, status: int = 502, dialect: Dialect = Dialect.OPENAI, named: bool = False
+) -> bytes:
     """An error inside a stream that already started, as the client's API sends one: a chat stream's
     ``data: {"error": ...}``, the Responses API's ``event: error``, or Anthropic's ``event: error``. The SDKs
     raise each as an API error."""

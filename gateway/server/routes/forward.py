@@ -18,18 +18,21 @@ import time
 from starlette.responses import Response
 from starlette.types import Receive, Scope
 
+from gateway.common.headers import QUEUE_HEADER, queue_header_value
 from gateway.control.window import Outcome
 from gateway.server.admission.admission_queue import AdmissionError, Permit, QueueTimeout
-from gateway.server.process.drain import DRAIN_RETRY_AFTER_S
-from gateway.server.routes.errors import error_response, sse_error_event
-from gateway.server.relay.event_streams import NamedEventFilter
-from gateway.server.process.logs import access_enabled, log_access
-from gateway.common.headers import QUEUE_HEADER, queue_header_value
-from gateway.server.relay.measure import RequestTracker
-from gateway.server.parts import Gateway
 from gateway.server.admission.routing import RouteHint
+from gateway.server.admission.tenants import Tenant
+from gateway.server.parts import Gateway
+from gateway.server.process.drain import DRAIN_RETRY_AFTER_S
+from gateway.server.process.logs import access_enabled, log_access
+from gateway.server.relay.event_streams import NamedEventFilter
+from gateway.server.relay.measure import RequestTracker
 from gateway.server.relay.request_watch import ClientGone, RequestWatch, ServerShutdown
+from gateway.server.relay.sse import SSEFilter, StreamWatcher
+from gateway.server.relay.streaming import ProxyStreamResponse
 from gateway.server.routes.auth import bearer_token
+from gateway.server.routes.errors import error_response, sse_error_event
 from gateway.server.routes.inbound import RequestHeaders, read_body
 from gateway.server.routes.table import Route
 from gateway.server.routes.validation import (
@@ -37,16 +40,13 @@ from gateway.server.routes.validation import (
     parse_body,
     with_usage_requested,
 )
-from gateway.server.relay.sse import SSEFilter, StreamWatcher
-from gateway.server.relay.streaming import ProxyStreamResponse
-from gateway.server.admission.tenants import Tenant
+from gateway.server.upstream.pool import Upstream
 from gateway.server.upstream.upstream_client import (
     UpstreamFailed,
     UpstreamReply,
     UpstreamTimeout,
 )
 from gateway.server.upstream.upstream_headers import request_headers
-from gateway.server.upstream.pool import Upstream
 
 log = logging.getLogger("sweetspot.api")
 
@@ -85,46 +85,79 @@ class Forward:
 
     def _log_access(self, status: int) -> None:
         if access_enabled():
-            log_access({"event": "access", "request_id": self.request_id, "method": "POST",
-                        "route": self.route.path, "status": status, "reason": self.refused,
-                        **self.tracker.access_fields()})
+            log_access(
+                {
+                    "event": "access",
+                    "request_id": self.request_id,
+                    "method": "POST",
+                    "route": self.route.path,
+                    "status": status,
+                    "reason": self.refused,
+                    **self.tracker.access_fields(),
+                }
+            )
 
-    def _refuse(self, status: int, message: str, reason: str, *, code: str | None = None,
-                param: str | None = None, retry_after_s: int | None = None) -> Response:
+    def _refuse(
+        self,
+        status: int,
+        message: str,
+        reason: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> Response:
         self.refused = reason
         self.gateway.metrics.rejections.labels(reason).inc()
         if self.tenant is not None:
             self.tenant.count_rejection(reason)
-        return self._answer(error_response(status, message, code=code or reason, param=param, reason=reason,
-                                           retry_after_s=retry_after_s, dialect=self.route.dialect))
+        return self._answer(
+            error_response(
+                status,
+                message,
+                code=code or reason,
+                param=param,
+                reason=reason,
+                retry_after_s=retry_after_s,
+                dialect=self.route.dialect,
+            )
+        )
 
     async def run(self) -> Response:
         gateway = self.gateway
         settings = gateway.settings
         if gateway.drain.draining:
-            response = self._refuse(503, "the gateway is shutting down; retry (another replica will answer)",
-                                    "shutting_down", retry_after_s=DRAIN_RETRY_AFTER_S)
+            response = self._refuse(
+                503,
+                "the gateway is shutting down; retry (another replica will answer)",
+                "shutting_down",
+                retry_after_s=DRAIN_RETRY_AFTER_S,
+            )
             response.headers["connection"] = "close"
             return response
-        tenant = gateway.tenants.identify(bearer_token(self.headers.authorization), self.headers.api_key,
-                                          named=self.headers.tenant)
+        tenant = gateway.tenants.identify(
+            bearer_token(self.headers.authorization), self.headers.api_key, named=self.headers.tenant
+        )
         if tenant is None:
             return self._refuse(401, "invalid or missing API key", "unauthorized", code="invalid_api_key")
         self.tenant = self.tracker.tenant = tenant
         tenant.count_request()
         if not self.headers.is_json:
-            return self._refuse(415, "request bodies must be JSON (Content-Type: application/json)",
-                                "unsupported_media_type")
+            return self._refuse(
+                415, "request bodies must be JSON (Content-Type: application/json)", "unsupported_media_type"
+            )
         try:
             async with asyncio.timeout(settings.request_read_timeout_s):
-                body = await read_body(self.receive, limit=settings.max_body_bytes,
-                                       declared_length=self.headers.content_length)
+                body = await read_body(
+                    self.receive, limit=settings.max_body_bytes, declared_length=self.headers.content_length
+                )
         except ClientGone:  # left while sending its body
             gateway.metrics.rejections.labels("client_disconnected").inc()
             return self._answer(Response(status_code=499))
         except TimeoutError:
-            response = self._refuse(408, f"request body not received within {settings.request_read_timeout_s:g} s",
-                                    "request_timeout")
+            response = self._refuse(
+                408, f"request body not received within {settings.request_read_timeout_s:g} s", "request_timeout"
+            )
             response.headers["connection"] = "close"
             return response
         if body is None:
@@ -140,8 +173,9 @@ class Forward:
         model: str = parsed.model  # type: ignore[attr-defined]
         eligible = gateway.pool.eligible(model)
         if not eligible:
-            return self._refuse(404, f"the model `{model}` does not exist on any upstream", "model_not_found",
-                                param="model")
+            return self._refuse(
+                404, f"the model `{model}` does not exist on any upstream", "model_not_found", param="model"
+            )
         self.tracker.model = model  # served by an upstream: a bounded label value from here on
         previous = getattr(parsed, "previous_response_id", None)
         if previous is not None:
@@ -171,16 +205,21 @@ class Forward:
         except ClientGone:
             return self._answer(Response(status_code=499))  # nobody reads it; counted for the metrics
         except ServerShutdown:
-            return self._refuse(503, "the gateway is shutting down; retry (another replica will answer)",
-                                "shutting_down", retry_after_s=DRAIN_RETRY_AFTER_S)
+            return self._refuse(
+                503,
+                "the gateway is shutting down; retry (another replica will answer)",
+                "shutting_down",
+                retry_after_s=DRAIN_RETRY_AFTER_S,
+            )
         except Exception:
             # A bug or an upstream failure nobody foresaw: the client still gets OpenAI's shape, and the
             # permit is returned (release and finish are idempotent).
             log.exception("request %s failed unexpectedly", self.request_id)
             if self.permit is not None:
                 self._release(self.permit, Outcome.UPSTREAM_ERROR)
-            return self._answer(error_response(500, "internal error in the gateway", code="internal_error",
-                                               dialect=self.route.dialect))
+            return self._answer(
+                error_response(500, "internal error in the gateway", code="internal_error", dialect=self.route.dialect)
+            )
         finally:
             if not handed_off:
                 watch.close()
@@ -195,17 +234,24 @@ class Forward:
         except ValueError as exc:
             raise BadRequest(str(exc), param=self.gateway.settings.priority_header) from None
 
-    async def _admit(self, eligible: list[str], priority: int, watch: RequestWatch,
-                     hint: RouteHint | None = None) -> Permit[Upstream]:
+    async def _admit(
+        self, eligible: list[str], priority: int, watch: RequestWatch, hint: RouteHint | None = None
+    ) -> Permit[Upstream]:
         """Wait for a permit; a client that leaves first raises ClientGone and never reaches an upstream."""
         gateway = self.gateway
         metrics = gateway.metrics
         waited_from = gateway.clock()
         level = gateway.tenants.classes[priority]
         try:
-            permit = await watch.guard(gateway.queue.acquire(
-                tenant=self.tenant, priority=priority, eligible=eligible, timeout_s=gateway.settings.queue_timeout_s,
-                hint=hint))
+            permit = await watch.guard(
+                gateway.queue.acquire(
+                    tenant=self.tenant,
+                    priority=priority,
+                    eligible=eligible,
+                    timeout_s=gateway.settings.queue_timeout_s,
+                    hint=hint,
+                )
+            )
         except ClientGone:
             metrics.child(metrics.queue_wait, "client_gone", level).observe(gateway.clock() - waited_from)
             metrics.rejections.labels("client_disconnected").inc()
@@ -220,8 +266,15 @@ class Forward:
         self.tracker.admit(permit.target, permit.admitted, queue_wait)
         return permit
 
-    async def _send(self, permit: Permit[Upstream], eligible: list[str], body: bytes, stream: bool,
-                    forward_usage: bool, watch: RequestWatch) -> Response:
+    async def _send(
+        self,
+        permit: Permit[Upstream],
+        eligible: list[str],
+        body: bytes,
+        stream: bool,
+        forward_usage: bool,
+        watch: RequestWatch,
+    ) -> Response:
         """Forward, failing over once to another upstream when the first provably did not run the request;
         owns ``permit`` until a streaming response takes it over."""
         gateway = self.gateway
@@ -238,14 +291,28 @@ class Forward:
         failed_over = False
         while True:
             upstream = permit.target
-            headers = request_headers(settings.upstream_api_key, authorization, self.request_id, stream=stream,
-                                      keep_alive=upstream.streams_keep_alive, api=self.headers.api,
-                                      api_key=api_key)
+            headers = request_headers(
+                settings.upstream_api_key,
+                authorization,
+                self.request_id,
+                stream=stream,
+                keep_alive=upstream.streams_keep_alive,
+                api=self.headers.api,
+                api_key=api_key,
+            )
             self.tracker.switch(upstream)
             try:
-                reply = await watch.guard(gateway.client.send(
-                    upstream.url, self.route.path, body, headers, name=upstream.public_name, stream=stream,
-                    headers_timeout_s=headers_timeout))
+                reply = await watch.guard(
+                    gateway.client.send(
+                        upstream.url,
+                        self.route.path,
+                        body,
+                        headers,
+                        name=upstream.public_name,
+                        stream=stream,
+                        headers_timeout_s=headers_timeout,
+                    )
+                )
             except ClientGone:
                 self._release(permit, Outcome.CLIENT_CANCELLED)
                 raise
@@ -274,8 +341,9 @@ class Forward:
             return await self._buffered(permit, reply, watch)
 
     def _timeout_response(self, upstream: Upstream) -> Response:
-        return error_response(504, f"{upstream.public_name} did not answer in time", code="upstream_timeout",
-                              dialect=self.route.dialect)
+        return error_response(
+            504, f"{upstream.public_name} did not answer in time", code="upstream_timeout", dialect=self.route.dialect
+        )
 
     def _upstream_failure(self, exc: UpstreamFailed) -> Response:
         """The upstream failed before answering. An OpenAI-shaped error body of its own (llama-server's
@@ -291,14 +359,21 @@ class Forward:
                 response = Response(exc.body, status_code=exc.status, media_type="application/json")
         if response is None:
             status = exc.status if exc.status in (429, 503) else 502
-            response = error_response(status, f"upstream failure: {exc}", code="upstream_unavailable",
-                                      dialect=self.route.dialect)
+            response = error_response(
+                status, f"upstream failure: {exc}", code="upstream_unavailable", dialect=self.route.dialect
+            )
         if response.status_code in (429, 503):
             response.headers["retry-after"] = exc.retry_after or str(UPSTREAM_RETRY_AFTER_S)
         return response
 
-    def _stream(self, permit: Permit[Upstream], reply: UpstreamReply, forward_usage: bool, watch: RequestWatch,
-                first_token_deadline: float) -> Response:
+    def _stream(
+        self,
+        permit: Permit[Upstream],
+        reply: UpstreamReply,
+        forward_usage: bool,
+        watch: RequestWatch,
+        first_token_deadline: float,
+    ) -> Response:
         route, clock = self.route, self.gateway.clock
         named = None if route.events is None else NamedEventFilter(self.tracker, clock, route.events)
         sse: StreamWatcher = named if named is not None else SSEFilter(self.tracker, clock, forward_usage=forward_usage)
@@ -311,12 +386,18 @@ class Forward:
             self._log_access(reply.status)
 
         def error_event(message: str, code: str, status: int) -> bytes:
-            return sse_error_event(message, code=code, status=status, dialect=route.dialect,
-                                   named=route.named_events)
+            return sse_error_event(message, code=code, status=status, dialect=route.dialect, named=route.named_events)
 
-        return ProxyStreamResponse(reply, sse, request_id=self.request_id, queue_seconds=self.tracker.queue_wait,
-                                   watch=watch,
-                                   first_token_deadline=first_token_deadline, on_done=done, error_event=error_event)
+        return ProxyStreamResponse(
+            reply,
+            sse,
+            request_id=self.request_id,
+            queue_seconds=self.tracker.queue_wait,
+            watch=watch,
+            first_token_deadline=first_token_deadline,
+            on_done=done,
+            error_event=error_event,
+        )
 
     async def _buffered(self, permit: Permit[Upstream], reply: UpstreamReply, watch: RequestWatch) -> Response:
         try:
@@ -329,15 +410,21 @@ class Forward:
             reply.close()
             self._release(permit, Outcome.SHUT_DOWN)
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             reply.close()
             return self._finish(permit, Outcome.TIMED_OUT, self._timeout_response(permit.target))
         except Exception as exc:  # aiohttp.ClientError and friends: the body broke off
             reply.close()
-            return self._finish(permit, Outcome.UPSTREAM_ERROR,
-                                error_response(502, f"upstream failed while answering: {type(exc).__name__}",
-                                               dialect=self.route.dialect,
-                                               code="upstream_disconnected"))
+            return self._finish(
+                permit,
+                Outcome.UPSTREAM_ERROR,
+                error_response(
+                    502,
+                    f"upstream failed while answering: {type(exc).__name__}",
+                    dialect=self.route.dialect,
+                    code="upstream_disconnected",
+                ),
+            )
         reply.response.release()
         status = reply.status
         outcome = Outcome.OK if status < 400 else Outcome.CLIENT_ERROR if status < 500 else Outcome.UPSTREAM_ERROR
@@ -358,9 +445,12 @@ class Forward:
     def _release(self, permit: Permit[Upstream], outcome: Outcome) -> None:
         gateway = self.gateway
         if not permit.released and outcome in UPSTREAM_OUTCOMES:
-            permit.target.request_ended(outcome is Outcome.TIMED_OUT, now=time.monotonic(),
-                                        timeouts_to_down=gateway.settings.upstream_timeouts_to_down,
-                                        hold_s=gateway.settings.health_hold_s)
+            permit.target.request_ended(
+                outcome is Outcome.TIMED_OUT,
+                now=time.monotonic(),
+                timeouts_to_down=gateway.settings.upstream_timeouts_to_down,
+                hold_s=gateway.settings.health_hold_s,
+            )
         gateway.queue.release(permit, self.tracker.finish(outcome, gateway.metrics))
 
     def _finish(self, permit: Permit[Upstream], outcome: Outcome, response: Response) -> Response:

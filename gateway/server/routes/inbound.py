@@ -21,11 +21,20 @@ class RequestHeaders:
     ``authorization`` stays bytes (it is compared as bytes, whatever a client sent); an ``X-Request-Id``
     that is long or not printable ASCII is ignored, so the gateway makes one of its own."""
 
-    __slots__ = ("authorization", "api_key", "content_length", "content_type", "request_id", "priority", "api",
-                 "tenant")
+    __slots__ = (
+        "api",
+        "api_key",
+        "authorization",
+        "content_length",
+        "content_type",
+        "priority",
+        "request_id",
+        "tenant",
+    )
 
-    def __init__(self, raw: list[tuple[bytes, bytes]], priority_header: str,
-                 tenant_header: bytes | None = None) -> None:
+    def __init__(
+        self, raw: list[tuple[bytes, bytes]], priority_header: str, tenant_header: bytes | None = None
+    ) -> None:
         self.authorization: bytes | None = None
         self.api_key: bytes | None = None  # Anthropic's SDK sends its key as x-api-key
         self.api: dict[str, str] = {}  # headers that are part of the API's contract (anthropic-version, -beta)

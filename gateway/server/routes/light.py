@@ -19,13 +19,13 @@ import json
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
 
-from gateway.server.routes.errors import Dialect, error_response
 from gateway.server.parts import Gateway
 from gateway.server.routes.auth import has_valid_key
+from gateway.server.routes.errors import Dialect, error_response
 from gateway.server.routes.inbound import RequestHeaders
+from gateway.server.upstream.pool import Upstream
 from gateway.server.upstream.upstream_client import UpstreamFailed
 from gateway.server.upstream.upstream_headers import request_headers
-from gateway.server.upstream.pool import Upstream
 
 router = APIRouter()
 
@@ -43,13 +43,19 @@ class _Light:
         """The answer when this request may not go on: draining, or no valid key."""
         gateway = self.gateway
         if gateway.drain.draining:
-            return error_response(503, "the gateway is shutting down; retry (another replica will answer)",
-                                  reason="shutting_down", retry_after_s=1, dialect=self.dialect)
+            return error_response(
+                503,
+                "the gateway is shutting down; retry (another replica will answer)",
+                reason="shutting_down",
+                retry_after_s=1,
+                dialect=self.dialect,
+            )
         keys = gateway.client_keys
         if keys and not has_valid_key(self.headers.authorization, self.headers.api_key, keys):
             gateway.metrics.rejections.labels("unauthorized").inc()
-            return error_response(401, "invalid or missing API key", code="invalid_api_key", reason="unauthorized",
-                                  dialect=self.dialect)
+            return error_response(
+                401, "invalid or missing API key", code="invalid_api_key", reason="unauthorized", dialect=self.dialect
+            )
         return None
 
     def candidates(self, model: str | None) -> list[Upstream]:
@@ -60,16 +66,27 @@ class _Light:
     async def send(self, upstream: Upstream, path: str, body: bytes | None) -> Response:
         gateway = self.gateway
         own_keys = bool(gateway.client_keys)
-        headers = request_headers(gateway.settings.upstream_api_key, None if own_keys else self.headers.authorization,
-                                  self.headers.request_id or "", stream=False, api=self.headers.api,
-                                  api_key=None if own_keys else self.headers.api_key)
+        headers = request_headers(
+            gateway.settings.upstream_api_key,
+            None if own_keys else self.headers.authorization,
+            self.headers.request_id or "",
+            stream=False,
+            api=self.headers.api,
+            api_key=None if own_keys else self.headers.api_key,
+        )
         if not self.headers.request_id:
             del headers["x-request-id"]
         query = self.request.url.query
         try:
             status, content_type, payload = await gateway.client.forward(
-                self.request.method, upstream.url, path + (f"?{query}" if query else ""), body, headers,
-                name=upstream.public_name, timeout_s=LIGHT_TIMEOUT_S)
+                self.request.method,
+                upstream.url,
+                path + (f"?{query}" if query else ""),
+                body,
+                headers,
+                name=upstream.public_name,
+                timeout_s=LIGHT_TIMEOUT_S,
+            )
         except UpstreamFailed as exc:
             if exc.connect_failed:
                 upstream.mark_down(str(exc))
@@ -79,8 +96,12 @@ class _Light:
     async def body(self) -> bytes | Response:
         body = await self.request.body()
         if len(body) > self.gateway.settings.max_body_bytes:
-            return error_response(413, f"request body exceeds {self.gateway.settings.max_body_bytes} bytes",
-                                  reason="body_too_large", dialect=self.dialect)
+            return error_response(
+                413,
+                f"request body exceeds {self.gateway.settings.max_body_bytes} bytes",
+                reason="body_too_large",
+                dialect=self.dialect,
+            )
         return body
 
 
@@ -106,8 +127,9 @@ async def _by_model(request: Request, dialect: Dialect = Dialect.OPENAI) -> Resp
     model = parsed.get("model") if isinstance(parsed, dict) else None
     upstreams = light.candidates(model if isinstance(model, str) else None)
     if not upstreams:
-        return error_response(503, "no healthy upstream serves this request", reason="no_upstream",
-                              retry_after_s=2, dialect=dialect)
+        return error_response(
+            503, "no healthy upstream serves this request", reason="no_upstream", retry_after_s=2, dialect=dialect
+        )
     return await light.send(upstreams[0], request.url.path, body)
 
 
@@ -143,8 +165,9 @@ async def _stored(request: Request, response_id: str) -> Response:
             if owner is None and answer.status_code < 400:
                 light.gateway.responses.remember(response_id, upstream.name)
             return answer
-    return answer or error_response(404, f"no response with id {response_id!r} on any upstream",
-                                    code="response_not_found", param="response_id")
+    return answer or error_response(
+        404, f"no response with id {response_id!r} on any upstream", code="response_not_found", param="response_id"
+    )
 
 
 @router.get("/v1/responses/{response_id}")
@@ -164,6 +187,7 @@ async def cancel_response(request: Request, response_id: str) -> Response:
 
 def add_passthrough(app: FastAPI, paths: list[str]) -> None:
     """Route each operator-listed path, any method, to a healthy upstream as it is."""
+
     async def passthrough(request: Request) -> Response:
         admitted = await _admitted(request)
         if isinstance(admitted, Response):
@@ -175,5 +199,4 @@ def add_passthrough(app: FastAPI, paths: list[str]) -> None:
         return await light.send(upstreams[0], request.url.path, body or None)
 
     for path in paths:
-        app.add_api_route(path, passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
-                          include_in_schema=False)
+        app.add_api_route(path, passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)

@@ -35,8 +35,12 @@ async def readyz(request: Request) -> Response:
     upstreams = {u.public_name: {"healthy": u.healthy, "error": u.health_error} for u in gateway.pool}
     draining = gateway.drain.draining
     ready = not draining
-    body = {"ready": ready, "draining": draining, "any_upstream_healthy": gateway.pool.any_healthy(),
-            "upstreams": upstreams}
+    body = {
+        "ready": ready,
+        "draining": draining,
+        "any_upstream_healthy": gateway.pool.any_healthy(),
+        "upstreams": upstreams,
+    }
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
@@ -44,8 +48,9 @@ def admin_denied(request: Request) -> Response | None:
     """401 unless the request carries the admin key (when one is set): /metrics and /state show the
     upstreams' URLs and the gateway's inner state."""
     gateway: Gateway = request.app.state.gateway
-    if gateway.admin_key is None or key_matches(raw_header(request.scope["headers"], b"authorization"),
-                                                (gateway.admin_key,)):
+    if gateway.admin_key is None or key_matches(
+        raw_header(request.scope["headers"], b"authorization"), (gateway.admin_key,)
+    ):
         return None
     gateway.metrics.rejections.labels("unauthorized").inc()
     return unauthorized("this route needs the admin key (Authorization: Bearer <admin_api_key>)")
@@ -103,8 +108,15 @@ async def state(request: Request) -> Response:
         routing["prefix_map_entries"] = len(router.prefixes)
         routing["prefix_map_max"] = router.prefixes.max_entries
     # Which process answered: with `serve --workers N` each worker is a replica with its own state.
-    return JSONResponse({"queue": queue, "routing": routing, "upstreams": upstreams,
-                         "tenants": tenant_state(gateway, now), "process": os.getpid()})
+    return JSONResponse(
+        {
+            "queue": queue,
+            "routing": routing,
+            "upstreams": upstreams,
+            "tenants": tenant_state(gateway, now),
+            "process": os.getpid(),
+        }
+    )
 
 
 def tenant_state(gateway: Gateway, now: float) -> dict[str, dict[str, object]]:
@@ -120,13 +132,21 @@ def tenant_state(gateway: Gateway, now: float) -> dict[str, dict[str, object]]:
             continue
         quota = tenant.quota
         out[tenant.name] = {
-            "weight": tenant.weight, "priority": classes[tenant.priority], "max_priority": classes[tenant.max_priority],
-            "queued": tenant.queued, "inflight": tenant.inflight,
-            "max_queued": tenant.max_queued, "max_inflight": tenant.max_inflight,
+            "weight": tenant.weight,
+            "priority": classes[tenant.priority],
+            "max_priority": classes[tenant.max_priority],
+            "queued": tenant.queued,
+            "inflight": tenant.inflight,
+            "max_queued": tenant.max_queued,
+            "max_inflight": tenant.max_inflight,
             "retry_after_s": tenant.retry_after(now),
-            "quota": None if quota is None else {
-                "output_tokens_per_minute": int(quota.capacity), "left": int(quota.level),
-                "retry_after_s": quota.retry_after(now)},
+            "quota": None
+            if quota is None
+            else {
+                "output_tokens_per_minute": int(quota.capacity),
+                "left": int(quota.level),
+                "retry_after_s": quota.retry_after(now),
+            },
         }
     out[OTHER_TENANTS] = dict(other)
     return out

@@ -37,12 +37,18 @@ def _endpoint(route: Route) -> Callable[[Request], Awaitable[Response]]:
 # by ProxiedRoutes.
 for _route in ROUTES:
     router.add_api_route(
-        _route.path, _endpoint(_route), methods=["POST"], response_class=Response,
+        _route.path,
+        _endpoint(_route),
+        methods=["POST"],
+        response_class=Response,
         name=_route.path.rsplit("/", 1)[-1],
-        openapi_extra={"requestBody": {"required": True, "content": {
-            "application/json": {"schema": _route.schema.model_json_schema()}}}},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _route.schema.model_json_schema()}},
+            }
+        },
     )
-
 
 
 class ProxiedRoutes:

@@ -15,7 +15,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gateway.server.routes.errors import Dialect
 from gateway.server.relay.event_streams import (
     MESSAGES_EVENTS,
     RESPONSES_EVENTS,
@@ -24,6 +23,7 @@ from gateway.server.relay.event_streams import (
     openai_usage,
     responses_usage,
 )
+from gateway.server.routes.errors import Dialect
 from gateway.server.routes.validation import (
     ChatRequest,
     CompletionRequest,
@@ -56,10 +56,12 @@ class Route:
 CHAT = Route("/v1/chat/completions", ChatRequest, True, asks_usage=True)
 COMPLETIONS = Route("/v1/completions", CompletionRequest, True, asks_usage=True)
 EMBEDDINGS = Route("/v1/embeddings", EmbeddingRequest, False)
-RESPONSES = Route("/v1/responses", ResponsesRequest, True, events=RESPONSES_EVENTS, usage=responses_usage,
-                  remembers_responses=True)
-MESSAGES = Route("/v1/messages", MessagesRequest, True, dialect=Dialect.ANTHROPIC, events=MESSAGES_EVENTS,
-                 usage=messages_usage)
+RESPONSES = Route(
+    "/v1/responses", ResponsesRequest, True, events=RESPONSES_EVENTS, usage=responses_usage, remembers_responses=True
+)
+MESSAGES = Route(
+    "/v1/messages", MessagesRequest, True, dialect=Dialect.ANTHROPIC, events=MESSAGES_EVENTS, usage=messages_usage
+)
 RERANK = Route("/v1/rerank", RerankRequest, False)
 SCORE = Route("/v1/score", ScoreRequest, False)
 

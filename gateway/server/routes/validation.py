@@ -45,14 +45,14 @@ class ChatRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
 
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr = Field(min_length=1)
-    input: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
 
 class ResponsesRequest(BaseModel):
@@ -61,7 +61,7 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr = Field(min_length=1)
-    input: Union[StrictStr, list[dict[str, Any]]]
+    input: StrictStr | list[dict[str, Any]]
     stream: StrictBool = False
     max_output_tokens: StrictInt | None = Field(None, ge=1)
     previous_response_id: StrictStr | None = None
@@ -79,7 +79,7 @@ class MessagesRequest(BaseModel):
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_tokens: StrictInt = Field(ge=1)
     stream: StrictBool = False
-    system: Union[StrictStr, list[dict[str, Any]], None] = None
+    system: StrictStr | list[dict[str, Any]] | None = None
     temperature: _Number | None = None
     top_p: _Number | None = None
 
@@ -91,7 +91,7 @@ class RerankRequest(BaseModel):
 
     model: StrictStr = Field(min_length=1)
     query: StrictStr
-    documents: list[Union[StrictStr, dict[str, Any]]] = Field(min_length=1)
+    documents: list[StrictStr | dict[str, Any]] = Field(min_length=1)
 
 
 class ScoreRequest(BaseModel):
@@ -100,8 +100,8 @@ class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr = Field(min_length=1)
-    text_1: Union[StrictStr, list[StrictStr]]
-    text_2: Union[StrictStr, list[StrictStr]]
+    text_1: StrictStr | list[StrictStr]
+    text_2: StrictStr | list[StrictStr]
 
 
 class ModelOnly(BaseModel):

@@ -19,10 +19,10 @@ from typing import Any
 
 import aiohttp
 
-from gateway.server.parts import Gateway
 from gateway.common.resend import resend_if_stale
-from gateway.server.upstream.upstream_headers import poll_headers
+from gateway.server.parts import Gateway
 from gateway.server.upstream.pool import Upstream
+from gateway.server.upstream.upstream_headers import poll_headers
 
 log = logging.getLogger("sweetspot.upstreams")
 
@@ -31,13 +31,13 @@ SILENT_PROBES_TO_DOWN = 2
 
 def health_tick(gateway: Gateway) -> Callable[[], Awaitable[None]]:
     """One poll of every upstream, then a dispatch: an upstream that came back can take queued requests."""
+
     async def tick() -> None:
         timeout = max(min(gateway.settings.health_interval_s, 5.0), 1.0)
         headers = poll_headers(gateway.settings.upstream_api_key)
-        await asyncio.gather(*(
-            check_health(gateway.client.poll_session, upstream, headers, timeout)
-            for upstream in gateway.pool
-        ))
+        await asyncio.gather(
+            *(check_health(gateway.client.poll_session, upstream, headers, timeout) for upstream in gateway.pool)
+        )
         gateway.queue.dispatch()
 
     return tick
@@ -58,7 +58,7 @@ async def check_health(
             error = f"/health answered {status}"
     except aiohttp.ClientConnectorError as exc:  # refused: nothing listens
         error = f"/health failed: {type(exc).__name__}: {exc}"
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         error = f"/health failed: {type(exc).__name__}: {exc}"
         silent = True
     if healthy is not False:
@@ -80,15 +80,19 @@ async def check_health(
     upstream.last_health_check = now
     if was != upstream.healthy:
         log.warning(
-            "upstream %s is now %s%s", upstream.url, "healthy" if healthy else "unhealthy",
+            "upstream %s is now %s%s",
+            upstream.url,
+            "healthy" if healthy else "unhealthy",
             f" ({error})" if error and not healthy else "",
         )
 
 
-async def _get_health(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
-                      timeout: aiohttp.ClientTimeout) -> int:
+async def _get_health(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str], timeout: aiohttp.ClientTimeout
+) -> int:
     """GET the health route; its status. A connection dropped before the answer is tried once more (the
     pooled one was closed by the server while idle, like llama-server's after 5 s)."""
+
     async def attempt() -> int:
         async with session.get(url, headers=headers, timeout=timeout) as resp:
             await resp.read()
@@ -105,7 +109,7 @@ async def _list_models(
             if resp.status != 200:
                 return None, f"/v1/models answered {resp.status}"
             payload = await resp.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
         return None, f"/v1/models failed: {type(exc).__name__}: {exc}"
     data = payload.get("data") if isinstance(payload, dict) else None
     if not isinstance(data, list):

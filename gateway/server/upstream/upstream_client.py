@@ -29,8 +29,16 @@ class UpstreamFailed(Exception):
     """The upstream failed before its answer began. ``not_processed``: it provably did not run the request
     (another upstream may); ``connect_failed``: nothing listens there (its health is down)."""
 
-    def __init__(self, message: str, *, not_processed: bool, connect_failed: bool = False,
-                 status: int | None = None, body: bytes | None = None, retry_after: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        not_processed: bool,
+        connect_failed: bool = False,
+        status: int | None = None,
+        body: bytes | None = None,
+        retry_after: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.not_processed = not_processed
         self.connect_failed = connect_failed
@@ -63,12 +71,14 @@ class UpstreamClient:
     ``total_timeout_s`` bounds a whole request; a streamed one also ends when the upstream is silent for
     ``stream_idle_timeout_s`` between two reads (aiohttp's ``sock_read``)."""
 
-    def __init__(self, *, connect_timeout_s: float, total_timeout_s: float, stream_idle_timeout_s: float,
-                 metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, *, connect_timeout_s: float, total_timeout_s: float, stream_idle_timeout_s: float, metrics: GatewayMetrics
+    ) -> None:
         self._connect_timeout_s = connect_timeout_s
         self._buffered = aiohttp.ClientTimeout(total=total_timeout_s, connect=connect_timeout_s)
-        self._streamed = aiohttp.ClientTimeout(total=total_timeout_s, connect=connect_timeout_s,
-                                               sock_read=stream_idle_timeout_s)
+        self._streamed = aiohttp.ClientTimeout(
+            total=total_timeout_s, connect=connect_timeout_s, sock_read=stream_idle_timeout_s
+        )
         self._metrics = metrics
         self._session: aiohttp.ClientSession | None = None
         self._poll_session: aiohttp.ClientSession | None = None
@@ -81,7 +91,10 @@ class UpstreamClient:
         if self._poll_session is None:
             self._poll_session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4, enable_cleanup_closed=True),
-                cookie_jar=aiohttp.DummyCookieJar(), timeout=self._buffered, skip_auto_headers=("User-Agent",))
+                cookie_jar=aiohttp.DummyCookieJar(),
+                timeout=self._buffered,
+                skip_auto_headers=("User-Agent",),
+            )
         return self._poll_session
 
     @property
@@ -105,8 +118,17 @@ class UpstreamClient:
                 await session.close()
         self._session = self._poll_session = None
 
-    async def send(self, base_url: str, path: str, body: bytes, headers: dict[str, str], *, name: str,
-                   stream: bool, headers_timeout_s: float) -> UpstreamReply:
+    async def send(
+        self,
+        base_url: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        *,
+        name: str,
+        stream: bool,
+        headers_timeout_s: float,
+    ) -> UpstreamReply:
         """POST and wait for the status line (at most ``headers_timeout_s``). ``name`` is how the upstream is
         called in messages a client may read (never its URL).
 
@@ -125,9 +147,12 @@ class UpstreamClient:
             except aiohttp.ClientConnectorError as exc:
                 raise UpstreamFailed(f"cannot connect to {name}", not_processed=True, connect_failed=True) from exc
             except aiohttp.ConnectionTimeoutError as exc:
-                raise UpstreamFailed(f"cannot connect to {name} within {self._connect_timeout_s:g} s",
-                                     not_processed=True, connect_failed=True) from exc
-            except asyncio.TimeoutError as exc:
+                raise UpstreamFailed(
+                    f"cannot connect to {name} within {self._connect_timeout_s:g} s",
+                    not_processed=True,
+                    connect_failed=True,
+                ) from exc
+            except TimeoutError as exc:
                 raise UpstreamTimeout(f"{name} did not answer within {headers_timeout_s:g} s") from exc
             except aiohttp.ClientError as exc:
                 if is_stale(exc, use):
@@ -136,19 +161,31 @@ class UpstreamClient:
                         continue
                     raise UpstreamFailed(f"{name} closed every kept connection", not_processed=True) from exc
                 # The request went out on a fresh connection: the upstream may be running it.
-                raise UpstreamFailed(f"{name} dropped the connection before answering ({type(exc).__name__})",
-                                     not_processed=False) from exc
+                raise UpstreamFailed(
+                    f"{name} dropped the connection before answering ({type(exc).__name__})", not_processed=False
+                ) from exc
         if response.status >= 500 or response.status in REFUSAL_STATUSES:
             payload = await _read_quietly(response)
             raise UpstreamFailed(
-                f"{name} answered {response.status}", not_processed=response.status in REFUSAL_STATUSES,
-                status=response.status, body=payload, retry_after=response.headers.get("Retry-After"),
+                f"{name} answered {response.status}",
+                not_processed=response.status in REFUSAL_STATUSES,
+                status=response.status,
+                body=payload,
+                retry_after=response.headers.get("Retry-After"),
             )
         return UpstreamReply(response)
 
-
-    async def forward(self, method: str, base_url: str, path: str, body: bytes | None, headers: dict[str, str], *,
-                      name: str, timeout_s: float) -> tuple[int, str, bytes]:
+    async def forward(
+        self,
+        method: str,
+        base_url: str,
+        path: str,
+        body: bytes | None,
+        headers: dict[str, str],
+        *,
+        name: str,
+        timeout_s: float,
+    ) -> tuple[int, str, bytes]:
         """A light request (tokenize, count tokens, a stored response): sent once, read whole. Returns the
         status, content type and body; raises :class:`UpstreamFailed` when no answer came."""
         try:
@@ -156,16 +193,17 @@ class UpstreamClient:
                 async with self.session.request(method, base_url + path, data=body, headers=headers) as response:
                     payload = await response.read()
                     return response.status, response.headers.get("content-type", "application/json"), payload
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             connect = isinstance(exc, aiohttp.ClientConnectorError)
-            raise UpstreamFailed(f"{name} did not answer ({type(exc).__name__})", not_processed=connect,
-                                 connect_failed=connect) from exc
+            raise UpstreamFailed(
+                f"{name} did not answer ({type(exc).__name__})", not_processed=connect, connect_failed=connect
+            ) from exc
 
 
 async def _read_quietly(response: aiohttp.ClientResponse) -> bytes:
     try:
         return await response.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ClientError):
         return b""
     finally:
         response.release()

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 
-def request_headers(upstream_api_key: str | None, authorization: bytes | None, request_id: str, *, stream: bool,
-                    keep_alive: bool = False, api: dict[str, str] | None = None,
-                    api_key: bytes | None = None) -> dict[str, str]:
+def request_headers(
+    upstream_api_key: str | None,
+    authorization: bytes | None,
+    request_id: str,
+    *,
+    stream: bool,
+    keep_alive: bool = False,
+    api: dict[str, str] | None = None,
+    api_key: bytes | None = None,
+) -> dict[str, str]:
     """Headers for an upstream request: the configured upstream key, else the client's ``authorization``
     (which the caller passes only when the gateway holds no keys of its own).
 

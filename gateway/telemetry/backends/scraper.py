@@ -44,7 +44,7 @@ KindSetting = Literal["auto", "vllm", "llamacpp", "openai"]
 class _Fetch:
     """One GET's outcome: ``status`` (None when no HTTP answer) and ``body``, or ``error``."""
 
-    __slots__ = ("status", "body", "error")
+    __slots__ = ("body", "error", "status")
 
     def __init__(self, status: int | None, body: str = "", error: str | None = None) -> None:
         self.status, self.body, self.error = status, body, error
@@ -115,7 +115,7 @@ class BackendScraper:
                 return _Fetch(resp.status, await resp.text(errors="replace"))
         except asyncio.CancelledError:
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return _Fetch(None, error=f"timed out after {self._timeout.total}s")
         except (aiohttp.ClientError, OSError) as exc:
             return _Fetch(None, error=f"{type(exc).__name__}: {exc}")
@@ -217,4 +217,3 @@ class BackendScraper:
                     await stop.wait()
             except TimeoutError:
                 pass
-
