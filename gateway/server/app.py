@@ -25,40 +25,14 @@ from gateway.server.routes import ops as ops_routes
 from gateway.server.routes import proxied as proxied_routes
 from gateway.server.routes.errors import error_response
 from gateway.server.upstream.health import health_tick
-from gateway.server.upstream.pool import Upstream
 from gateway.settings import Settings
 from gateway.telemetry.loop_lag import LoopLagProbe
-from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.nvml import GpuSource
-
-
-def _bind_gauges(gateway: Gateway) -> None:
-    """Gauges read at scrape time from the live objects: no bookkeeping on the request path."""
-    metrics = gateway.metrics
-    metrics.queue_depth.set_function(lambda: gateway.queue.depth)
-    for upstream in gateway.pool:
-        _bind_upstream_gauges(metrics, upstream)
-    for label in gateway.tenants.labels():
-        _bind_tenant_gauges(gateway, label)
-
-
-def _bind_tenant_gauges(gateway: Gateway, label: str) -> None:
-    tenants, per_tenant = gateway.tenants, gateway.metrics.tenants
-    per_tenant.queue_depth.labels(label).set_function(lambda: sum(t.queued for t in tenants if t.label == label))
-    per_tenant.inflight.labels(label).set_function(lambda: sum(t.inflight for t in tenants if t.label == label))
-
-
-def _bind_upstream_gauges(metrics: GatewayMetrics, upstream: Upstream) -> None:
-    name, limiter = upstream.name, upstream.limiter
-    metrics.inflight.labels(name).set_function(lambda: limiter.inflight)
-    metrics.limit.labels(name).set_function(lambda: limiter.limit)
-    metrics.upstream_healthy.labels(name).set_function(lambda: int(upstream.healthy))
 
 
 def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source: GpuSource | None = None) -> FastAPI:
     """The gateway app. ``gpu_source`` replaces NVML (tests without a GPU pass a fake)."""
     gateway = gateway or Gateway.build(settings)
-    _bind_gauges(gateway)
     control_loop = ControlLoop.build(gateway, gpu_source)
     loop_lag = LoopLagProbe(
         settings.event_loop_lag_interval_s, gateway.metrics.event_loop_lag, gateway.metrics.event_loop_lag_hist

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from gateway import __version__
 from gateway.control.window import SlidingWindow
 from gateway.server.admission.admission_queue import AdmissionQueue, Limiter
+from gateway.server.admission.keys import KeyRing
 from gateway.server.admission.routing import MetricsObserver, PrefixMap, PrefixRouter, RandomRouter
 from gateway.server.admission.tenants import TenantDirectory
 from gateway.server.process.drain import DrainState
@@ -31,18 +32,14 @@ class Gateway:
     drain: DrainState = field(default_factory=DrainState)
     responses: ResponseAffinity = field(init=False)  # which upstream created each stored response
     router: PrefixRouter | None = None  # None: least-loaded routing (the setting, or a single upstream)
-    client_keys: tuple[bytes, ...] = field(init=False)  # keys as bytes, once: compared with raw header bytes
-    admin_key: bytes | None = field(init=False)
+    admin_keys: KeyRing[bool] = field(init=False)  # the operator's key, for /metrics and /state
 
     def __post_init__(self) -> None:
         settings = self.settings
         self.responses = ResponseAffinity(
             max_entries=settings.response_affinity_max, ttl_s=settings.response_affinity_ttl_s, clock=self.clock
         )
-        self.client_keys = tuple(key.encode() for key in settings.api_keys) + tuple(
-            key.encode() for tenant in settings.tenants for key in tenant.api_keys
-        )
-        self.admin_key = settings.admin_api_key.encode() if settings.admin_api_key else None
+        self.admin_keys = KeyRing([(settings.admin_api_key, True)] if settings.admin_api_key else [])
 
     @classmethod
     def build(cls, settings: Settings, *, clock: Callable[[], float] = time.monotonic) -> Gateway:
@@ -69,7 +66,6 @@ class Gateway:
                 if settings.routing == "random"
                 else PrefixRouter(prefixes, load_weight=settings.routing_load_weight, observer=observer)
             )
-            metrics.routing_prefix_map_entries.set_function(lambda: len(prefixes))
         tenants = TenantDirectory(settings, clock=clock, meters=metrics.tenants.meters)
         queue = AdmissionQueue(
             upstreams,
@@ -88,6 +84,35 @@ class Gateway:
             stream_idle_timeout_s=settings.stream_idle_timeout_s,
             metrics=metrics,
         )
-        metrics.info.info({"version": __version__})
-        metrics.queue_capacity.set(settings.max_queue)
-        return cls(settings, UpstreamPool(upstreams), queue, client, metrics, tenants, clock, router=router)
+        gateway = cls(settings, UpstreamPool(upstreams), queue, client, metrics, tenants, clock, router=router)
+        _bind_metrics(gateway)
+        return gateway
+
+
+def _bind_metrics(gateway: Gateway) -> None:
+    """The one place the parts are wired to the metrics: gauges read at scrape time from the live objects (no
+    bookkeeping on the request path), and the figures fixed at start."""
+    metrics = gateway.metrics
+    metrics.info.info({"version": __version__})
+    metrics.queue_capacity.set(gateway.settings.max_queue)
+    metrics.queue_depth.set_function(lambda: gateway.queue.depth)
+    if gateway.router is not None:
+        prefixes = gateway.router.prefixes
+        metrics.routing_prefix_map_entries.set_function(lambda: len(prefixes))
+    for upstream in gateway.pool:
+        _bind_upstream_gauges(metrics, upstream)
+    for label in gateway.tenants.labels():
+        _bind_tenant_gauges(gateway, label)
+
+
+def _bind_tenant_gauges(gateway: Gateway, label: str) -> None:
+    tenants, per_tenant = gateway.tenants, gateway.metrics.tenants
+    per_tenant.queue_depth.labels(label).set_function(lambda: sum(t.queued for t in tenants if t.label == label))
+    per_tenant.inflight.labels(label).set_function(lambda: sum(t.inflight for t in tenants if t.label == label))
+
+
+def _bind_upstream_gauges(metrics: GatewayMetrics, upstream: Upstream) -> None:
+    name, limiter = upstream.name, upstream.limiter
+    metrics.inflight.labels(name).set_function(lambda: limiter.inflight)
+    metrics.limit.labels(name).set_function(lambda: limiter.limit)
+    metrics.upstream_healthy.labels(name).set_function(lambda: int(upstream.healthy))

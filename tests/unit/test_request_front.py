@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gateway.server.routes.auth import key_matches
+from gateway.server.admission.keys import KeyRing
 from gateway.server.routes.inbound import RequestHeaders
 from gateway.server.routes.validation import (
     BadRequest,
@@ -101,7 +101,18 @@ def test_bodies_that_a_browser_form_can_send_are_not_json(content_type: bytes) -
     ],
 )
 def test_keys_are_compared_as_bytes_and_anything_malformed_is_refused(header: bytes | None, ok: bool) -> None:
-    assert key_matches(header, (b"k1", b"k2")) is ok
+    ring = KeyRing([("k1", "one"), ("k2", "two")])
+    assert (ring.find(header, None) is not None) is ok
+    assert (ring.find(None, header) is not None) is (ok and header is not None and header.strip() in (b"k1", b"k2"))
+
+
+def test_a_key_is_found_under_either_header_and_the_bearer_token_first() -> None:
+    ring = KeyRing([("k1", "one"), ("k2", "two")])
+    assert ring.find(None, b" k2 ") == "two"  # x-api-key, as Anthropic's SDK sends it
+    assert ring.find(b"Bearer k1", b"k2") == "one"
+    assert ring.find(b"Bearer nope", b"k2") == "two"
+    assert ring.find(b"Bearer nope", b"nope") is None
+    assert not KeyRing([]) and KeyRing([("k", 1)])
 
 
 @pytest.mark.parametrize(

@@ -75,14 +75,14 @@ def test_keys_name_tenants_and_anything_else_is_refused() -> None:
     tenants = directory(
         tenants=[{"name": "a", "api_keys": ["ka", "ka2"]}, {"name": "b", "api_keys": ["kb"]}], api_keys=["plain"]
     )
-    assert tenants.identify(b"ka").name == "a"  # type: ignore[union-attr]
-    assert tenants.identify(b"ka2").name == "a"  # type: ignore[union-attr]
-    assert tenants.identify(b"kb").name == "b"  # type: ignore[union-attr]
-    assert tenants.identify(b"plain") is tenants.default
-    assert tenants.identify(b"nope") is None and tenants.identify(None) is None
-    assert tenants.identify(b"ka", named=b"b").name == "a"  # type: ignore[union-attr]  # no header with keys
+    assert tenants.identify(b"Bearer ka").name == "a"  # type: ignore[union-attr]
+    assert tenants.identify(b"Bearer ka2").name == "a"  # type: ignore[union-attr]
+    assert tenants.identify(b"Bearer kb").name == "b"  # type: ignore[union-attr]
+    assert tenants.identify(b"Bearer plain") is tenants.default
+    assert tenants.identify(b"Bearer nope") is None and tenants.identify(None) is None
+    assert tenants.identify(b"Bearer ka", named=b"b").name == "a"  # type: ignore[union-attr]  # no header with keys
     assert tenants.identify(None, b" kb").name == "b"  # type: ignore[union-attr]  # x-api-key, Anthropic's SDK
-    assert tenants.identify(b"nope", b"kb").name == "b"  # type: ignore[union-attr]
+    assert tenants.identify(b"Bearer nope", b"kb").name == "b"  # type: ignore[union-attr]
 
 
 def test_without_keys_everything_is_default_unless_a_header_is_trusted() -> None:
@@ -113,9 +113,9 @@ def test_a_client_may_lower_its_class_and_raise_it_only_to_its_cap() -> None:
             {"name": "b", "api_keys": ["kb"]},
         ]
     )
-    a, b = tenants.identify(b"ka"), tenants.identify(b"kb")
+    a, b = tenants.identify(b"Bearer ka"), tenants.identify(b"Bearer kb")
     assert a is not None and b is not None
-    interactive, standard, batch = 0, 1, 2
+    standard, batch = 1, 2  # the classes below interactive (0)
     assert a.class_for(None) == batch
     assert tenants.asked_class(a, "interactive") == standard  # asked above its cap: its cap
     assert tenants.asked_class(b, " interactive") == standard and tenants.asked_class(b, "batch") == batch
@@ -130,7 +130,7 @@ def test_an_integer_priority_asks_for_the_class_above_or_below_by_its_sign() -> 
             {"name": "b", "api_keys": ["kb"], "priority": "batch"},
         ]
     )
-    a, b = tenants.identify(b"ka"), tenants.identify(b"kb")
+    a, b = tenants.identify(b"Bearer ka"), tenants.identify(b"Bearer kb")
     assert a is not None and b is not None
     assert [tenants.asked_class(a, raw) for raw in ("5", "0", "-1", "-7")] == [0, 1, 2, 2]
     assert [tenants.asked_class(b, raw) for raw in ("1", "0", "-1")] == [2, 2, 2]  # cannot raise itself

@@ -16,9 +16,7 @@ disconnect, timeout) is removed before it can reach an upstream.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
-from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -26,6 +24,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from gateway.control.window import RequestSample
 from gateway.server.admission.fair_queue import Discipline, FairQueue
 from gateway.server.admission.reserve import Reserve
+from gateway.server.admission.retry_after import DRAIN_HORIZON_S, ReleaseRate
 from gateway.server.admission.tenants import Tenant
 
 # Told of each request that ended on a limiter, after its permit was returned and before anyone queued takes
@@ -180,7 +179,7 @@ class AdmissionQueue(Generic[T]):
         *,
         max_queue: int,
         clock: Callable[[], float] = time.monotonic,
-        drain_horizon_s: float = 30.0,
+        drain_horizon_s: float = DRAIN_HORIZON_S,
         classes: int = 1,
         discipline: Discipline = "fair",
         starvation_after: int = 20,
@@ -194,8 +193,7 @@ class AdmissionQueue(Generic[T]):
         self._queue: FairQueue[_Waiter[T]] = FairQueue(
             classes, discipline=discipline, starvation_after=starvation_after
         )
-        self._releases: deque[float] = deque()  # release times within the drain horizon
-        self._drain_horizon_s = drain_horizon_s
+        self._releases = ReleaseRate(drain_horizon_s)
         self._closed: Callable[[], AdmissionError] | None = None
         self.default_tenant = default_tenant if default_tenant is not None else Tenant("default")
         self.reserve = Reserve(reserve if discipline == "fair" else 0.0)
@@ -215,27 +213,13 @@ class AdmissionQueue(Generic[T]):
     def class_depth(self, cls: int) -> int:
         return self._queue.depth(cls)
 
-    def _forget_releases(self, now: float) -> None:
-        cutoff = now - self._drain_horizon_s
-        while self._releases and self._releases[0] < cutoff:
-            self._releases.popleft()
-
     def drain_rate(self) -> float:
         """Permits released per second over the recent past: how fast the queue moves."""
-        now = self._clock()
-        self._forget_releases(now)
-        if not self._releases:
-            return 0.0
-        span = max(now - self._releases[0], 1.0)
-        return len(self._releases) / span
+        return self._releases.per_second(self._clock())
 
     def retry_after(self, ahead: int | None = None) -> int:
         """Seconds until a request joining behind ``ahead`` others would likely be admitted (1..60)."""
-        ahead = len(self._queue) if ahead is None else ahead
-        rate = self.drain_rate()
-        if rate <= 0:
-            return 5
-        return int(min(max(math.ceil((ahead + 1) / rate), 1), 60))
+        return self._releases.retry_after(len(self._queue) if ahead is None else ahead, self._clock())
 
     def _candidates(self, eligible: Collection[str] | None) -> list[T]:
         if eligible is None:
@@ -368,8 +352,7 @@ class AdmissionQueue(Generic[T]):
         now = self._clock()
         permit.tenant.released(now)
         self.reserve.settle(permit.tenant)
-        self._releases.append(now)
-        self._forget_releases(now)
+        self._releases.add(now)
         self.dispatch()
 
     def dispatch(self) -> None:

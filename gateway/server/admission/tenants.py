@@ -12,13 +12,13 @@ the request path; the output-token quota is a bucket charged when a request ends
 
 from __future__ import annotations
 
-import hmac
 import math
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gateway.server.admission.keys import KeyRing
+from gateway.server.admission.retry_after import ReleaseRate
 from gateway.settings import OTHER_TENANTS, Settings, TenantConfig
 
 if TYPE_CHECKING:
@@ -28,8 +28,6 @@ DEFAULT_TENANT = "default"
 #: Header-named tenants kept at once; past it the idle ones are forgotten, and if none is idle, new names
 #: share one tenant (``other``): a client sending random names cannot grow the gateway's memory.
 MAX_NAMED_TENANTS = 1024
-#: Seconds of past releases a tenant's drain rate is measured over (its Retry-After).
-DRAIN_HORIZON_S = 30.0
 
 
 class TokenBucket:
@@ -78,7 +76,7 @@ class Tenant:
     meters: TenantMeters | None = None
     inflight: int = 0
     queued: int = 0
-    releases: deque[float] = field(default_factory=deque, repr=False)
+    releases: ReleaseRate = field(default_factory=ReleaseRate, repr=False)
 
     def may_run(self) -> bool:
         return self.max_inflight is None or self.inflight < self.max_inflight
@@ -89,21 +87,12 @@ class Tenant:
 
     def released(self, now: float) -> None:
         self.inflight -= 1
-        self.releases.append(now)
-        cutoff = now - DRAIN_HORIZON_S
-        while self.releases[0] < cutoff:
-            self.releases.popleft()
+        self.releases.add(now)
 
     def retry_after(self, now: float) -> int:
         """Seconds until a request joining this tenant's queue now would likely run (1..60), from the rate
         its own requests finished at lately: another tenant's traffic says nothing about this one's turn."""
-        cutoff = now - DRAIN_HORIZON_S
-        while self.releases and self.releases[0] < cutoff:
-            self.releases.popleft()
-        if not self.releases:
-            return 5
-        rate = len(self.releases) / max(now - self.releases[0], 1.0)
-        return int(min(max(math.ceil((self.queued + 1) / rate), 1), 60))
+        return self.releases.retry_after(self.queued, now)
 
     # --- metrics (no-ops for a tenant built without them, as in unit tests) ------------------------
     def count_request(self) -> None:
@@ -146,9 +135,11 @@ class TenantDirectory:
         for name, config in configs.items():
             if name != DEFAULT_TENANT:
                 self.configured[name] = self._build(config, name)
-        self._keys: list[tuple[bytes, Tenant]] = [(key.encode(), self.default) for key in settings.api_keys]
-        for config in settings.tenants:
-            self._keys += [(key.encode(), self.configured[config.name]) for key in config.api_keys]
+        self._keys = KeyRing(
+            [(key, self.default) for key in settings.api_keys]
+            + [(key, self.configured[config.name]) for config in settings.tenants for key in config.api_keys]
+        )
+        #: Keys are configured: every route needs one, and the client's own credential never goes upstream.
         self.requires_key = bool(self._keys)
         self.header = settings.tenant_header.lower().encode("latin-1") if settings.tenant_header else None
         self._named: dict[str, Tenant] = {}
@@ -171,26 +162,19 @@ class TenantDirectory:
         )
 
     def identify(
-        self, token: bytes | None, api_key: bytes | None = None, *, named: bytes | None = None
+        self, authorization: bytes | None, api_key: bytes | None = None, *, named: bytes | None = None
     ) -> Tenant | None:
-        """The tenant of a request with bearer ``token`` or ``x-api-key`` value ``api_key`` (Anthropic's SDK),
-        and the tenant header's value ``named``; None when keys are required and none matches (401)."""
+        """The tenant of a request with these ``Authorization`` and ``x-api-key`` values and the tenant
+        header's value ``named``; None when keys are required and none matches (401)."""
         if self.requires_key:
-            found = self._match(token)
-            if found is None and api_key is not None:
-                found = self._match(api_key.strip())
-            return found
+            return self._keys.find(authorization, api_key)
         if named is None or self.header is None:
             return self.default
         return self.by_name(named.decode("latin-1"))
 
-    def _match(self, token: bytes | None) -> Tenant | None:
-        found: Tenant | None = None
-        if token:
-            for key, tenant in self._keys:  # every key compared: the time says nothing of which matched
-                if hmac.compare_digest(token, key) and found is None:
-                    found = tenant
-        return found
+    def authorized(self, authorization: bytes | None, api_key: bytes | None) -> bool:
+        """Whether a request that names no tenant may pass (the light routes, the model list)."""
+        return not self.requires_key or self._keys.find(authorization, api_key) is not None
 
     def by_name(self, name: str) -> Tenant:
         """A header-named tenant: a configured one, else one built from the default's settings."""

@@ -24,14 +24,14 @@ from gateway.server.admission.admission_queue import AdmissionError, Permit, Que
 from gateway.server.admission.routing import RouteHint
 from gateway.server.admission.tenants import Tenant
 from gateway.server.parts import Gateway
-from gateway.server.process.drain import DRAIN_RETRY_AFTER_S
+from gateway.server.process.drain import shutting_down
 from gateway.server.process.logs import access_enabled, log_access
 from gateway.server.relay.event_streams import NamedEventFilter
 from gateway.server.relay.measure import RequestTracker
 from gateway.server.relay.request_watch import ClientGone, RequestWatch, ServerShutdown
 from gateway.server.relay.sse import SSEFilter, StreamWatcher
 from gateway.server.relay.streaming import ProxyStreamResponse
-from gateway.server.routes.auth import bearer_token
+from gateway.server.routes.auth import UNAUTHORIZED
 from gateway.server.routes.errors import error_response, sse_error_event
 from gateway.server.routes.inbound import RequestHeaders, read_body
 from gateway.server.routes.table import Route
@@ -123,23 +123,19 @@ class Forward:
             )
         )
 
+    def _refuse_admission(self, refusal: AdmissionError) -> Response:
+        return self._refuse(refusal.status, str(refusal), refusal.reason, retry_after_s=refusal.retry_after_s)
+
     async def run(self) -> Response:
         gateway = self.gateway
         settings = gateway.settings
         if gateway.drain.draining:
-            response = self._refuse(
-                503,
-                "the gateway is shutting down; retry (another replica will answer)",
-                "shutting_down",
-                retry_after_s=DRAIN_RETRY_AFTER_S,
-            )
+            response = self._refuse_admission(shutting_down())
             response.headers["connection"] = "close"
             return response
-        tenant = gateway.tenants.identify(
-            bearer_token(self.headers.authorization), self.headers.api_key, named=self.headers.tenant
-        )
+        tenant = gateway.tenants.identify(self.headers.authorization, self.headers.api_key, named=self.headers.tenant)
         if tenant is None:
-            return self._refuse(401, "invalid or missing API key", "unauthorized", code="invalid_api_key")
+            return self._refuse(401, "invalid or missing API key", UNAUTHORIZED, code="invalid_api_key")
         self.tenant = self.tracker.tenant = tenant
         tenant.count_request()
         if not self.headers.is_json:
@@ -201,16 +197,11 @@ class Forward:
             handed_off = isinstance(response, ProxyStreamResponse)
             return self._answer(response)
         except AdmissionError as exc:
-            return self._refuse(exc.status, str(exc), exc.reason, retry_after_s=exc.retry_after_s)
+            return self._refuse_admission(exc)
         except ClientGone:
             return self._answer(Response(status_code=499))  # nobody reads it; counted for the metrics
         except ServerShutdown:
-            return self._refuse(
-                503,
-                "the gateway is shutting down; retry (another replica will answer)",
-                "shutting_down",
-                retry_after_s=DRAIN_RETRY_AFTER_S,
-            )
+            return self._refuse_admission(shutting_down())
         except Exception:
             # A bug or an upstream failure nobody foresaw: the client still gets OpenAI's shape, and the
             # permit is returned (release and finish are idempotent).
@@ -281,7 +272,7 @@ class Forward:
         settings = gateway.settings
         self.tracker.streamed = stream
         # The client's own credential goes upstream only when the gateway holds no keys of its own.
-        own_keys = bool(gateway.client_keys)
+        own_keys = gateway.tenants.requires_key
         authorization = None if own_keys else self.headers.authorization
         api_key = None if own_keys else self.headers.api_key
         gateway.metrics.overhead.observe(max(gateway.clock() - self.tracker.arrived - self.tracker.queue_wait, 0.0))
@@ -413,7 +404,7 @@ class Forward:
         except TimeoutError:
             reply.close()
             return self._finish(permit, Outcome.TIMED_OUT, self._timeout_response(permit.target))
-        except Exception as exc:  # aiohttp.ClientError and friends: the body broke off
+        except Exception as exc:  # noqa: BLE001 (aiohttp.ClientError and friends: the body broke off, a 502)
             reply.close()
             return self._finish(
                 permit,

@@ -20,7 +20,8 @@ from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
 
 from gateway.server.parts import Gateway
-from gateway.server.routes.auth import has_valid_key
+from gateway.server.process.drain import shutting_down
+from gateway.server.routes.auth import unauthorized
 from gateway.server.routes.errors import Dialect, error_response
 from gateway.server.routes.inbound import RequestHeaders
 from gateway.server.upstream.pool import Upstream
@@ -43,19 +44,19 @@ class _Light:
         """The answer when this request may not go on: draining, or no valid key."""
         gateway = self.gateway
         if gateway.drain.draining:
-            return error_response(
-                503,
-                "the gateway is shutting down; retry (another replica will answer)",
-                reason="shutting_down",
-                retry_after_s=1,
+            refusal = shutting_down()
+            gateway.metrics.rejections.labels(refusal.reason).inc()
+            response = error_response(
+                refusal.status,
+                str(refusal),
+                reason=refusal.reason,
+                retry_after_s=refusal.retry_after_s,
                 dialect=self.dialect,
             )
-        keys = gateway.client_keys
-        if keys and not has_valid_key(self.headers.authorization, self.headers.api_key, keys):
-            gateway.metrics.rejections.labels("unauthorized").inc()
-            return error_response(
-                401, "invalid or missing API key", code="invalid_api_key", reason="unauthorized", dialect=self.dialect
-            )
+            response.headers["connection"] = "close"
+            return response
+        if not gateway.tenants.authorized(self.headers.authorization, self.headers.api_key):
+            return unauthorized(gateway.metrics, dialect=self.dialect)
         return None
 
     def candidates(self, model: str | None) -> list[Upstream]:
@@ -65,7 +66,7 @@ class _Light:
 
     async def send(self, upstream: Upstream, path: str, body: bytes | None) -> Response:
         gateway = self.gateway
-        own_keys = bool(gateway.client_keys)
+        own_keys = gateway.tenants.requires_key
         headers = request_headers(
             gateway.settings.upstream_api_key,
             None if own_keys else self.headers.authorization,
@@ -154,10 +155,7 @@ async def _stored(request: Request, response_id: str) -> Response:
         return admitted
     light, body = admitted
     owner = light.gateway.responses.upstream_of(response_id)
-    if owner is not None:
-        upstreams = [u for u in light.gateway.pool if u.name == owner]
-    else:
-        upstreams = light.candidates(None)
+    upstreams = light.candidates(None) if owner is None else [u for u in light.gateway.pool if u.name == owner]
     answer: Response | None = None
     for upstream in upstreams:
         answer = await light.send(upstream, request.url.path, body or None)

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.server.feedback.control_loop import ControlLoop
 from gateway.server.parts import Gateway
-from gateway.server.routes.auth import key_matches, raw_header, unauthorized
+from gateway.server.routes.auth import raw_header, unauthorized
 from gateway.settings import OTHER_TENANTS
 
 router = APIRouter()
@@ -48,12 +48,12 @@ def admin_denied(request: Request) -> Response | None:
     """401 unless the request carries the admin key (when one is set): /metrics and /state show the
     upstreams' URLs and the gateway's inner state."""
     gateway: Gateway = request.app.state.gateway
-    if gateway.admin_key is None or key_matches(
-        raw_header(request.scope["headers"], b"authorization"), (gateway.admin_key,)
+    headers = request.scope["headers"]
+    if not gateway.admin_keys or gateway.admin_keys.find(
+        raw_header(headers, b"authorization"), raw_header(headers, b"x-api-key")
     ):
         return None
-    gateway.metrics.rejections.labels("unauthorized").inc()
-    return unauthorized("this route needs the admin key (Authorization: Bearer <admin_api_key>)")
+    return unauthorized(gateway.metrics, "this route needs the admin key (Authorization: Bearer <admin_api_key>)")
 
 
 @router.get("/metrics")

@@ -13,11 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.server.parts import Gateway
-from gateway.server.routes.auth import (
-    key_matches,
-    raw_header,
-    unauthorized,
-)
+from gateway.server.routes.auth import raw_header, unauthorized
 from gateway.server.routes.forward import Forward
 from gateway.server.routes.table import PROXIED, ROUTES, Route
 
@@ -57,9 +53,10 @@ class ProxiedRoutes:
 
     Why: every layer between the server and a handler costs each request a few calls and wraps ``send``
     (a streamed reply pays every wrapper once per chunk), and FastAPI puts five of them there; the hot
-    routes skip all of them (``python -m bench.overhead`` measures the whole path; the README has the figures).
-    Nothing is lost: :class:`~gateway.server.routes.forward.Forward` turns every exception into an OpenAI-shaped answer itself, and the
-    same routes are registered in the FastAPI app too, so served either way they behave the same.
+    routes skip all of them (``python -m bench.overhead`` measures the whole path; the README has the
+    figures). Nothing is lost: :class:`~gateway.server.routes.forward.Forward` turns every exception into an
+    OpenAI-shaped answer itself, and the same routes are registered in the FastAPI app too, so served either
+    way they behave the same.
     """
 
     def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
@@ -78,15 +75,7 @@ class ProxiedRoutes:
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
-    denied = check_auth(gateway, raw_header(request.scope["headers"], b"authorization"))
-    if denied is not None:
-        return denied
+    headers = request.scope["headers"]
+    if not gateway.tenants.authorized(raw_header(headers, b"authorization"), raw_header(headers, b"x-api-key")):
+        return unauthorized(gateway.metrics)
     return JSONResponse({"object": "list", "data": gateway.pool.all_models()})
-
-
-def check_auth(gateway: Gateway, authorization: bytes | None) -> Response | None:
-    """401 unless the ``Authorization`` header carries one of the configured client keys (no keys: open)."""
-    if not gateway.client_keys or key_matches(authorization, gateway.client_keys):
-        return None
-    gateway.metrics.rejections.labels("unauthorized").inc()
-    return unauthorized()

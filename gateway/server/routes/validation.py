@@ -10,7 +10,7 @@ whenever the gateway does not need to change them.
 from __future__ import annotations
 
 import json
-from typing import Any, Union
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
@@ -22,7 +22,7 @@ class BadRequest(Exception):
         self.code = code
 
 
-_Number = Union[StrictInt, StrictFloat]
+_Number = StrictInt | StrictFloat
 
 
 class _Common(BaseModel):
