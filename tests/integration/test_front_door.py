@@ -3,6 +3,7 @@ headers may carry and what it is told."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -35,6 +36,7 @@ def gateway(module_processes, upstream: FaultUpstream):  # type: ignore[no-untyp
         "SWEETSPOT_MAX_HEADER_BYTES": "16384",
         "SWEETSPOT_REQUEST_READ_TIMEOUT_S": "1",
         "SWEETSPOT_MAX_N": "4",
+        "SWEETSPOT_MAX_BODY_BYTES": str(2 * 2**20),
     }
     return start_gateway(module_processes, [upstream.url], "--no-control", env=env)
 
@@ -109,10 +111,8 @@ def test_a_hundred_clients_sending_a_megabyte_of_headers_cost_little_memory(gate
         piece = b"x-pad: " + b"p" * 65_000 + b"\r\n"
         for _ in range(16):  # up to a megabyte each, unless the gateway closes first
             for sock in sockets:
-                try:
+                with contextlib.suppress(OSError):  # the gateway closed this one
                     sock.sendall(piece)
-                except OSError:
-                    pass
         grown = rss_mb(gateway.pid) - before
     finally:
         for sock in sockets:
@@ -142,6 +142,61 @@ def test_a_body_sent_too_slowly_gets_408(gateway) -> None:
     ).encode()
     answer = raw(gateway.url, head + b'{"model":')
     assert status_line(answer) == 408 and body_of(answer)["error"]["code"] == "request_timeout"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize", "/detokenize", "/v1/messages/count_tokens"])
+def test_a_body_trickled_to_any_route_gets_408_within_the_read_timeout(gateway, path: str) -> None:
+    """One byte at a time, never finishing: every route that takes a body ends it at request_read_timeout_s
+    (1 s here) with a 408 and closes the connection."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {KEY}\r\ncontent-length: 100\r\n\r\n"
+    ).encode()
+    with socket.create_connection(address(gateway.url), timeout=10) as sock:
+        sock.sendall(head)
+        started = time.monotonic()
+        sock.settimeout(0.3)
+        answer = b""
+        for byte in b'{"model": "x", "prompt": "trickled one byte at a time"':
+            with contextlib.suppress(OSError):
+                sock.sendall(bytes([byte]))
+            with contextlib.suppress(TimeoutError):
+                answer = sock.recv(65536)
+                if answer or time.monotonic() - started > 8:
+                    break
+        sock.settimeout(10)
+        answer += read_to_close(sock)
+    assert status_line(answer) == 408, answer[:200]
+    assert time.monotonic() - started < 5
+    assert "not received within" in body_of(answer)["error"]["message"]  # OpenAI's or Anthropic's shape
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/tokenize", "/v1/messages/count_tokens"])
+def test_a_chunked_body_bomb_gets_413_as_the_limit_passes_and_costs_no_more_than_the_limit(gateway, path) -> None:
+    """A chunked body (no length to refuse early) of 200 MB against a 2 MB limit: the answer comes once the
+    limit is passed, and the gateway's memory grows by about the limit, not by what the client sends."""
+    before = rss_mb(gateway.pid)
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {KEY}\r\ntransfer-encoding: chunked\r\n\r\n"
+    ).encode()
+    piece = b"x" * 65_536
+    chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+    sent = 0
+    with socket.create_connection(address(gateway.url), timeout=10) as sock:
+        sock.sendall(head)
+        try:
+            while sent < 200 * 2**20:
+                sock.sendall(chunk)
+                sent += len(piece)
+        except OSError:
+            pass  # the gateway answered and closed: the rest is never read
+        answer = read_to_close(sock) if sent < 200 * 2**20 else b""
+        grown = rss_mb(gateway.pid) - before
+    assert sent < 20 * 2**20, f"the gateway read {sent / 2**20:.0f} MB of a body over its 2 MB limit"
+    if answer:
+        assert status_line(answer) == 413 and "exceeds" in body_of(answer)["error"]["message"]
+    assert grown < 30, f"RSS grew by {grown:.0f} MB"
 
 
 def test_connections_past_the_cap_get_503(gateway) -> None:

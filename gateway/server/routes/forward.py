@@ -33,7 +33,7 @@ from gateway.server.relay.sse import SSEFilter, StreamWatcher
 from gateway.server.relay.streaming import ProxyStreamResponse
 from gateway.server.routes.auth import UNAUTHORIZED
 from gateway.server.routes.errors import error_response, sse_error_event
-from gateway.server.routes.inbound import RequestHeaders, read_body
+from gateway.server.routes.inbound import BodyRefused, RequestHeaders, read_body
 from gateway.server.routes.table import Route
 from gateway.server.routes.validation import (
     BadRequest,
@@ -143,21 +143,19 @@ class Forward:
                 415, "request bodies must be JSON (Content-Type: application/json)", "unsupported_media_type"
             )
         try:
-            async with asyncio.timeout(settings.request_read_timeout_s):
-                body = await read_body(
-                    self.receive, limit=settings.max_body_bytes, declared_length=self.headers.content_length
-                )
+            body = await read_body(
+                self.receive,
+                limit=settings.max_body_bytes,
+                declared_length=self.headers.content_length,
+                timeout_s=settings.request_read_timeout_s,
+            )
         except ClientGone:  # left while sending its body
             gateway.metrics.rejections.labels("client_disconnected").inc()
             return self._answer(Response(status_code=499))
-        except TimeoutError:
-            response = self._refuse(
-                408, f"request body not received within {settings.request_read_timeout_s:g} s", "request_timeout"
-            )
-            response.headers["connection"] = "close"
+        except BodyRefused as exc:
+            response = self._refuse(exc.status, str(exc), exc.reason)
+            response.headers["connection"] = "close"  # the rest of the body is not read
             return response
-        if body is None:
-            return self._refuse(413, f"request body exceeds {settings.max_body_bytes} bytes", "body_too_large")
         try:
             parsed = parse_body(self.route.schema, body)
             priority = self._priority(tenant)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 from starlette.types import Receive
@@ -71,12 +72,33 @@ class RequestHeaders:
         return self.content_type.split(b";", 1)[0].strip().lower() == b"application/json"
 
 
-async def read_body(receive: Receive, *, limit: int, declared_length: str | None) -> bytes | None:
-    """The whole request body, or None when it is (or says it is) over ``limit`` bytes. A body that came
-    in one message (the usual case) is returned as it came, without copying. Raises :class:`ClientGone`
-    when the client hangs up before sending all of it."""
+class BodyRefused(Exception):
+    """A request body the gateway will not read to its end: ``status`` and ``reason`` say why."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+async def read_body(receive: Receive, *, limit: int, declared_length: str | None, timeout_s: float) -> bytes:
+    """The whole request body, read by every route that takes one, in one bounded, timed way.
+
+    Raises :class:`BodyRefused` with 413 as soon as the body says, or turns out, to be over ``limit`` bytes
+    (nothing past the limit is kept, so a body bomb costs at most ``limit`` bytes), with 408 when the whole
+    body has not arrived within ``timeout_s`` of the first read (a trickled body holds a connection no
+    longer), and :class:`ClientGone` when the client hangs up first. A body that came in one message (the
+    usual case) is returned as it came, without copying."""
     if declared_length is not None and declared_length.isdigit() and int(declared_length) > limit:
-        return None
+        raise BodyRefused(413, "body_too_large", f"request body exceeds {limit} bytes")
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_within(receive, limit)
+    except TimeoutError:
+        raise BodyRefused(408, "request_timeout", f"request body not received within {timeout_s:g} s") from None
+
+
+async def _read_within(receive: Receive, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -86,7 +108,7 @@ async def read_body(receive: Receive, *, limit: int, declared_length: str | None
         body = message.get("body", b"")
         size += len(body)
         if size > limit:
-            return None
+            raise BodyRefused(413, "body_too_large", f"request body exceeds {limit} bytes")
         if not message.get("more_body"):
             return b"".join([*chunks, body]) if chunks else body
         chunks.append(body)

@@ -21,9 +21,10 @@ from starlette.responses import Response
 
 from gateway.server.parts import Gateway
 from gateway.server.process.drain import shutting_down
+from gateway.server.relay.request_watch import ClientGone
 from gateway.server.routes.auth import unauthorized
 from gateway.server.routes.errors import Dialect, error_response
-from gateway.server.routes.inbound import RequestHeaders
+from gateway.server.routes.inbound import BodyRefused, RequestHeaders, read_body
 from gateway.server.upstream.pool import Upstream
 from gateway.server.upstream.upstream_client import UpstreamFailed
 from gateway.server.upstream.upstream_headers import request_headers
@@ -95,15 +96,23 @@ class _Light:
         return Response(payload, status_code=status, media_type=content_type)
 
     async def body(self) -> bytes | Response:
-        body = await self.request.body()
-        if len(body) > self.gateway.settings.max_body_bytes:
-            return error_response(
-                413,
-                f"request body exceeds {self.gateway.settings.max_body_bytes} bytes",
-                reason="body_too_large",
-                dialect=self.dialect,
+        """The body, read as the generation routes read theirs (bounded, timed), or the refusal."""
+        settings = self.gateway.settings
+        try:
+            return await read_body(
+                self.request.receive,
+                limit=settings.max_body_bytes,
+                declared_length=self.headers.content_length,
+                timeout_s=settings.request_read_timeout_s,
             )
-        return body
+        except ClientGone:
+            self.gateway.metrics.rejections.labels("client_disconnected").inc()
+            return Response(status_code=499)
+        except BodyRefused as exc:
+            self.gateway.metrics.rejections.labels(exc.reason).inc()
+            response = error_response(exc.status, str(exc), reason=exc.reason, dialect=self.dialect)
+            response.headers["connection"] = "close"  # the rest of the body is not read
+            return response
 
 
 async def _admitted(request: Request, dialect: Dialect = Dialect.OPENAI) -> tuple[_Light, bytes] | Response:
