@@ -13,7 +13,10 @@ Modes (``mode``, changeable while it runs):
 * ``drop``: read the request, then close the connection without a byte.
 * ``close_next``: answer like ``ok`` and keep the connection, but close it without reading when the next
   request arrives on it (a kept connection the server had closed: the keep-alive race, made certain).
-* ``status:<code>``: answer ``<code>`` with an OpenAI-shaped error body.
+* ``crash_kept``: answer like ``ok``, but a POST on a kept connection is read, held ``CRASH_AFTER_S`` and then
+  the whole server dies (every connection dropped, nothing listens any more): an engine killed mid-generation.
+* ``status:<code>``: answer ``<code>`` with an OpenAI-shaped error body (the engine's own refusal).
+* ``proxy_status:<code>``: answer ``<code>`` with an HTML page, as a proxy in front of an engine does.
 * ``hang``: read the request, never answer.
 * ``stall``: answer a stream's headers and one token, then go silent.
 * ``no_token``: answer a stream's headers and a chunk with no token (the role only), then go silent.
@@ -23,6 +26,7 @@ Modes (``mode``, changeable while it runs):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -32,6 +36,7 @@ from contextlib import contextmanager
 
 MODEL = "fault-model"
 LINGER_S = 5.0
+CRASH_AFTER_S = 2.0
 
 
 class FaultUpstream:
@@ -86,6 +91,10 @@ class FaultUpstream:
                 with self._lock:
                     self.deliveries += 1
                     self.seen_headers.append(headers)
+                if served and self.mode == "crash_kept":
+                    self._stop.wait(CRASH_AFTER_S)
+                    self.close()
+                    return
                 if not self._answer(conn, json.loads(body or b"{}")):
                     return
                 served += 1
@@ -104,6 +113,11 @@ class FaultUpstream:
         if mode == "hang":
             self._stop.wait()
             return False
+        if mode.startswith("proxy_status:"):
+            status = int(mode.split(":", 1)[1])
+            page = f"<html><body><h1>{status} Service Temporarily Unavailable</h1></body></html>".encode()
+            conn.sendall(_response(status, page, "text/html"))
+            return True
         if mode.startswith("status:"):
             status = int(mode.split(":", 1)[1])
             body = json.dumps(
@@ -185,10 +199,8 @@ def _chunk(data: bytes) -> bytes:
 
 
 def _close(conn: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):  # the peer has gone already
         conn.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
     conn.close()
 
 

@@ -2,10 +2,12 @@
 
 A pooled keep-alive connection can be closed by the server while it sits idle (llama-server closes one
 after every streamed reply and any idle one after 5 s, while announcing keep-alive). A request written on
-such a *reused* connection fails with one of :data:`STALE_CONNECTION_ERRORS` and no answer: the server had
-closed it before reading anything, so sending it again on another connection delivers it once. The same
-error on a *fresh* connection means the server took the request and then dropped the connection, and a
-resend could run the generation twice; it is never resent. A refused connection
+such a *reused* connection fails with one of :data:`STALE_CONNECTION_ERRORS` and no answer, at once: the
+server had closed it before reading anything, so sending it again on another connection delivers it once.
+The same error later than :data:`STALE_WITHIN_S` after the request went out is not that race: a server
+that read the request, held it for seconds and died (an OOM kill, a rollout) fails it the same way, and a
+resend could run the generation twice. The same error on a *fresh* connection means the server took the
+request and then dropped the connection. Neither is ever resent. A refused connection
 (``ClientConnectorError``, itself a ``ClientOSError``) reached nobody and is not a stale connection.
 
 :class:`ReuseAwareConnector` tells the two apart for a request sent inside :func:`watching_reuse` (a context
@@ -26,6 +28,11 @@ from typing import Any, TypeVar
 import aiohttp
 
 STALE_CONNECTION_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+#: How soon after a request went out on a kept connection its failure still proves the server had closed the
+#: connection before reading it. A closed connection fails the request within a round trip (the server's FIN
+#: or RST is already there or comes back at once); a quarter second covers a busy event loop and a slow
+#: network, and is far shorter than any generation an engine could have started and lost.
+STALE_WITHIN_S = 0.25
 
 T = TypeVar("T")
 
@@ -72,9 +79,15 @@ class ReuseAwareConnector(aiohttp.TCPConnector):
         return connection
 
 
-def is_stale(exc: BaseException, use: ConnectionUse) -> bool:
-    """True when ``exc`` is a kept connection found closed: the request never reached the server."""
-    return use.reused and isinstance(exc, STALE_CONNECTION_ERRORS) and not isinstance(exc, aiohttp.ClientConnectorError)
+def is_stale(exc: BaseException, use: ConnectionUse, elapsed_s: float = 0.0) -> bool:
+    """True when ``exc`` is a kept connection found closed at the write, ``elapsed_s`` after the request went
+    out: the request never reached the server."""
+    return (
+        use.reused
+        and elapsed_s <= STALE_WITHIN_S
+        and isinstance(exc, STALE_CONNECTION_ERRORS)
+        and not isinstance(exc, aiohttp.ClientConnectorError)
+    )
 
 
 async def resend_if_stale(

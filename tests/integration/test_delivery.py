@@ -90,6 +90,36 @@ def test_a_kept_connection_closed_under_the_next_request_is_resent_and_delivered
         assert resent is not None and resent >= 5
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_upstream_that_dies_holding_a_request_on_a_kept_connection_gets_it_once(processes, stream) -> None:
+    """The crash case: the upstream reads a request on a kept connection, holds it for seconds and dies (an
+    OOM kill, a rollout). It may have been generating: no resend (the resend would find nothing listening,
+    which proves nothing about the first attempt), no failover, and the client gets a 502."""
+    with fault_upstream("crash_kept") as dying, fault_upstream("ok") as alive:
+        gw = gateway(processes, [dying, alive], routing="least_loaded")
+        answers = []
+        for _ in range(12):
+            status, _, payload = chat(gw, stream=stream)
+            answers.append(status)
+            if status != 200:
+                error_of(payload)
+                break
+        assert answers[-1] == 502, answers  # the crash happened, and was answered
+        assert dying.deliveries + alive.deliveries == len(answers), "a request reached the upstreams twice"
+        assert inflight(gw) == 0
+
+
+def test_a_proxys_503_page_is_not_taken_for_the_engines_refusal(processes) -> None:
+    """A 503 with an HTML page comes from a proxy in front of the engine, which may have passed the request on:
+    not proof that it never ran, so no failover; the client gets the 503 (and a Retry-After) once."""
+    with fault_upstream("proxy_status:503") as proxied, fault_upstream("ok") as alive:
+        gw = gateway(processes, [proxied, alive], routing="least_loaded")
+        for _ in range(6):
+            status, _, _ = chat(gw)
+            assert status in (200, 502, 503)
+        assert proxied.deliveries + alive.deliveries == 6
+
+
 def test_a_refused_connection_fails_over_and_the_request_is_read_once(processes) -> None:
     with fault_upstream("ok") as doomed, fault_upstream("ok") as alive:
         gw = gateway(processes, [doomed, alive])

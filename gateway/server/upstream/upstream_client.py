@@ -1,9 +1,11 @@
 """The upstream client: one pooled aiohttp session that sends a request and waits for its status line,
 deciding what a failure means for the request: sent again on the same upstream (a kept connection found
-closed, which the server never read: :mod:`gateway.common.resend`), failed over to another upstream (the
-first provably did not process it: refused connection, connect timeout, an explicit 503 or 429), or
-answered with an error (anything else: the upstream may have run it, and a duplicated generation is worse
-than an error).
+closed at the write, which the server never read: :mod:`gateway.common.resend`), failed over to another
+upstream (the first provably did not process it: its first attempt was refused or could not connect, or
+the engine itself answered 503 or 429 with its own JSON error body), or answered with an error (anything
+else: the upstream may have run it, and a duplicated generation is worse than an error). A resend that
+cannot connect proves nothing about the attempt before it, so it is never taken for "not processed"; nor is
+a 503 page from a proxy in front of the engine, which may have passed the request on.
 
 The client is aiohttp because it spends less CPU per request than httpx, which decides how much of a
 small CPU the gateway leaves to everything else (``python -m bench.upstream_client`` compares them; the
@@ -13,6 +15,7 @@ README has the figures).
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 
 import aiohttp
@@ -137,30 +140,34 @@ class UpstreamClient:
         A kept connection found closed is sent again, up to :data:`STALE_RETRIES` times."""
         url = base_url + path
         timeout = self._streamed if stream else self._buffered
+        loop = asyncio.get_running_loop()
         for tried in range(STALE_RETRIES + 1):
             use = ConnectionUse()
+            sent_at = loop.time()
             try:
                 with watching_reuse(use):
                     async with asyncio.timeout(headers_timeout_s):
                         response = await self.session.post(url, data=body, headers=headers, timeout=timeout)
                 break
             except aiohttp.ClientConnectorError as exc:
-                raise UpstreamFailed(f"cannot connect to {name}", not_processed=True, connect_failed=True) from exc
+                raise UpstreamFailed(
+                    f"cannot connect to {name}", not_processed=tried == 0, connect_failed=True
+                ) from exc
             except aiohttp.ConnectionTimeoutError as exc:
                 raise UpstreamFailed(
                     f"cannot connect to {name} within {self._connect_timeout_s:g} s",
-                    not_processed=True,
+                    not_processed=tried == 0,
                     connect_failed=True,
                 ) from exc
             except TimeoutError as exc:
                 raise UpstreamTimeout(f"{name} did not answer within {headers_timeout_s:g} s") from exc
             except aiohttp.ClientError as exc:
-                if is_stale(exc, use):
+                if is_stale(exc, use, loop.time() - sent_at):
                     if tried < STALE_RETRIES:
                         self._metrics.upstream_retries.labels(base_url, "stale_connection").inc()
                         continue
                     raise UpstreamFailed(f"{name} closed every kept connection", not_processed=True) from exc
-                # The request went out on a fresh connection: the upstream may be running it.
+                # A fresh connection, or a kept one that held the request: the upstream may be running it.
                 raise UpstreamFailed(
                     f"{name} dropped the connection before answering ({type(exc).__name__})", not_processed=False
                 ) from exc
@@ -168,7 +175,7 @@ class UpstreamClient:
             payload = await _read_quietly(response)
             raise UpstreamFailed(
                 f"{name} answered {response.status}",
-                not_processed=response.status in REFUSAL_STATUSES,
+                not_processed=response.status in REFUSAL_STATUSES and _engine_error(response, payload),
                 status=response.status,
                 body=payload,
                 retry_after=response.headers.get("Retry-After"),
@@ -198,6 +205,18 @@ class UpstreamClient:
             raise UpstreamFailed(
                 f"{name} did not answer ({type(exc).__name__})", not_processed=connect, connect_failed=connect
             ) from exc
+
+
+def _engine_error(response: aiohttp.ClientResponse, payload: bytes) -> bool:
+    """Whether an error answer is the engine's own (vLLM's, llama-server's, SGLang's: a JSON error object),
+    not a proxy's page in front of it."""
+    if response.content_type != "application/json":
+        return False
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and (isinstance(body.get("error"), dict) or body.get("object") == "error")
 
 
 async def _read_quietly(response: aiohttp.ClientResponse) -> bytes:
