@@ -31,10 +31,15 @@ def rss_mb(pid: int) -> float:
 
 
 def start(
-    cmd: Sequence[str], pattern: str, *, timeout_s: float = 60.0, env: Mapping[str, str] | None = None
+    cmd: Sequence[str],
+    pattern: str,
+    *,
+    timeout_s: float = 60.0,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
 ) -> tuple[RunningProcess, str]:
     """Start ``cmd`` and wait until a line of its output matches ``pattern`` (group 1: the URL)."""
-    proc = start_process(cmd, ready_pattern=pattern, env=env, timeout=timeout_s)
+    proc = start_process(cmd, ready_pattern=pattern, env=env, cwd=cwd, timeout=timeout_s)
     return proc, proc.url
 
 

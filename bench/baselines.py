@@ -2,7 +2,7 @@
 
 Each scenario of ``testbed/scenarios/catalogue.py`` runs once per scheme in the same harness, with the same
 seed, and every phase is judged against the same oracle (the best static limit, simulated under that
-phase's conditions). The schemes live in ``testbed/baselines`` (one per module, each from its
+phase's conditions). The schemes live in ``gateway/control/baselines`` (one per module, each from its
 reference, published defaults): static at the sweet spot a sweep measured before the run, static at the
 backend's ``--max-num-seqs`` (no gateway limit), the Gateway API Inference Extension's threshold gate,
 Envoy's gradient controller, Netflix's Gradient2, Vegas and AIMD on latency.
@@ -170,7 +170,9 @@ class Run:
         """The limit over time, summed over gateways."""
         out: list[tuple[float, int]] = []
         for phase in self.phases:
-            out += [(ticks[0][0], sum(limit for _, limit in ticks)) for ticks in zip(*phase.limits)]
+            # The gateways tick at staggered offsets, so the last may have one tick fewer in a phase: the
+            # sums pair the gateways' ticks round by round and drop an incomplete last round.
+            out += [(ticks[0][0], sum(limit for _, limit in ticks)) for ticks in zip(*phase.limits, strict=False)]
         return out
 
 

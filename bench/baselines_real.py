@@ -33,6 +33,7 @@ for vLLM) over each run's measured window; goodput counts only requests within t
 each gateway held is read from its state view every 0.5 s while measured.
 
     .venv/bin/python -m bench.baselines_real --json docs/baselines-real.json --docs docs/controller.md
+    .venv/bin/python -m bench.baselines_real --quick --json /tmp/smoke.json    # llama-server only, in seconds
 
 It is a benchmark, not a test: on a shared 2-core machine a run takes about 10 minutes (vLLM's start-up
 included), and single runs swing by tens of percent, which is why only paired ratios are compared.
@@ -49,6 +50,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench._quick import add_quick, parse
 from gateway.common.processes import process_factory
 from gateway.sweep.workload import Workload, parse_length
 from testbed.closed_loop import (
@@ -78,10 +80,23 @@ GATE = {
 
 SLOTS = 4
 LLAMA_CLIENTS = 4 * SLOTS
-LLAMA_WORKLOAD = Workload(api="completions", prompt_len=parse_length(16), output_len=parse_length(64))
+LLAMA_PROMPT_TOKENS = 16
+LLAMA_OUTPUT_TOKENS = 64
 LLAMA_WARMUP_S = 1.0
 LLAMA_MEASURE_S = 4.0
 LLAMA_CONVERGE_S = 8.0
+#: ``--quick``: the smoke test's run (tests/integration/test_bench_smoke.py): llama-server only (vLLM's start
+#: alone takes minutes), one short round, short answers (a run with objectives lets its requests finish, and
+#: the threshold gate's one slot drains them one by one).
+QUICK = {
+    "servers": ["llama-server"],
+    "llama_rounds": 1,
+    "llama_converge_s": 2.0,
+    "llama_warmup_s": 0.5,
+    "llama_measure_s": 1.5,
+    "llama_clients": 8,
+    "llama_output_tokens": 16,
+}
 
 VLLM_MAX_SEQS = 64
 VLLM_PACE = Pace()
@@ -171,26 +186,38 @@ async def compare(
     return out
 
 
-async def llama(start: Start, rounds: int) -> dict[str, Any]:
+async def llama(
+    start: Start,
+    rounds: int,
+    *,
+    converge_s: float = LLAMA_CONVERGE_S,
+    warmup_s: float = LLAMA_WARMUP_S,
+    measure_s: float = LLAMA_MEASURE_S,
+    clients: int = LLAMA_CLIENTS,
+    output_tokens: int = LLAMA_OUTPUT_TOKENS,
+) -> dict[str, Any]:
     server = start_llama_server(start, llama_config(parallel=SLOTS, threads=1)).url
     gateways = configurations(start, server, SLOTS, {})
-    load = partial(stream_load, model=LLAMA_MODEL, workload=LLAMA_WORKLOAD, clients=LLAMA_CLIENTS)
+    workload = Workload(
+        api="completions", prompt_len=parse_length(LLAMA_PROMPT_TOKENS), output_len=parse_length(output_tokens)
+    )
+    load = partial(stream_load, model=LLAMA_MODEL, workload=workload, clients=clients)
     result = await compare(
         gateways,
         rounds=rounds,
         load=load,
-        converge_s=LLAMA_CONVERGE_S,
-        warmup_s=LLAMA_WARMUP_S,
-        measure_s=LLAMA_MEASURE_S,
+        converge_s=converge_s,
+        warmup_s=warmup_s,
+        measure_s=measure_s,
     )
     result["setting"] = {
         "slots": SLOTS,
         "threads": 1,
-        "clients": LLAMA_CLIENTS,
-        "prompt_tokens": 16,
-        "output_tokens": 64,
-        "warmup_s": LLAMA_WARMUP_S,
-        "measure_s": LLAMA_MEASURE_S,
+        "clients": clients,
+        "prompt_tokens": LLAMA_PROMPT_TOKENS,
+        "output_tokens": output_tokens,
+        "warmup_s": warmup_s,
+        "measure_s": measure_s,
         "rounds": rounds,
     }
     return result
@@ -285,15 +312,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--servers", nargs="+", choices=["llama-server", "vllm"], default=["llama-server", "vllm"])
     parser.add_argument("--llama-rounds", type=int, default=5)
+    parser.add_argument("--llama-converge-s", type=float, default=LLAMA_CONVERGE_S, help="llama-server's converging")
+    parser.add_argument("--llama-warmup-s", type=float, default=LLAMA_WARMUP_S, help="llama-server's warm-up per run")
+    parser.add_argument("--llama-measure-s", type=float, default=LLAMA_MEASURE_S, help="llama-server's measured run")
+    parser.add_argument("--llama-clients", type=int, default=LLAMA_CLIENTS, help="closed-loop clients, llama-server")
+    parser.add_argument("--llama-output-tokens", type=int, default=LLAMA_OUTPUT_TOKENS, help="answers, llama-server")
     parser.add_argument("--vllm-rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--docs", type=Path, help="write the table between the baselines-real markers here")
-    args = parser.parse_args()
+    add_quick(parser, QUICK)
+    args = parse(parser)
     # A server not rerun keeps its figures from the last run (the table always shows both).
     results: dict[str, dict[str, Any]] = json.loads(args.json.read_text()) if args.json and args.json.is_file() else {}
     if "llama-server" in args.servers:
         with process_factory() as start:
-            results["llama-server"] = asyncio.run(llama(start, args.llama_rounds))
+            results["llama-server"] = asyncio.run(
+                llama(
+                    start,
+                    args.llama_rounds,
+                    converge_s=args.llama_converge_s,
+                    warmup_s=args.llama_warmup_s,
+                    measure_s=args.llama_measure_s,
+                    clients=args.llama_clients,
+                    output_tokens=args.llama_output_tokens,
+                )
+            )
         print(f"llama-server: {json.dumps(results['llama-server'])}", flush=True)
     if "vllm" in args.servers:
         with process_factory() as start:

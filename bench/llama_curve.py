@@ -9,6 +9,7 @@ repeats the whole pass (the median per level is reported), so drift on a shared 
     .venv/bin/python -m bench.llama_curve                                  # 8 slots, levels 1 2 4 8 16
     .venv/bin/python -m bench.llama_curve --docs docs/llama-curve.md --json docs/llama-curve.json
     .venv/bin/python -m bench.llama_curve --slots 4 --levels 1 2 4 8 --duration 5 --rounds 1
+    .venv/bin/python -m bench.llama_curve --quick                          # a smoke run, in seconds
 
 Output: a rich table (tokens/s, TTFT and TPOT p50/p99 for both, gateway/direct ratios), optionally the same
 as markdown in ``--docs`` (with the command that produced it) and every level's full metrics in ``--json``.
@@ -33,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench._procs import gateway_cmd, start
+from bench._quick import add_quick, parse
 from gateway.sweep.driver import SweepConfig, run_sweep
 from gateway.sweep.result import SLO, LevelMetrics
 from gateway.sweep.workload import Workload, parse_length
@@ -42,6 +44,8 @@ from testbed.tiny_gguf import TinyModelSpec, ensure_model
 
 console = Console()
 TARGETS = ("direct", "gateway")
+#: ``--quick``: the smoke test's run (tests/integration/test_bench_smoke.py).
+QUICK = {"slots": 2, "levels": [2], "duration": 1.0, "warmup": 0.5, "rounds": 1, "max_tokens": "16"}
 
 
 @dataclass
@@ -227,7 +231,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", default="128")
     parser.add_argument("--json", type=Path, help="write every level's metrics here")
     parser.add_argument("--docs", type=Path, help="write the markdown table here (e.g. docs/llama-curve.md)")
-    args = parser.parse_args()
+    add_quick(parser, QUICK)
+    args = parse(parser)
 
     spec = TinyModelSpec()
     config = LlamaServerConfig(

@@ -7,6 +7,7 @@ one chunk per token). TTFT and TPOT are per finished request.
 
     .venv/bin/python -m bench.llama_direct                          # 8 slots, levels 1 4 8 16
     .venv/bin/python -m bench.llama_direct --slots 4 --levels 1 2 4 8 --duration 20 --json out/direct.json
+    .venv/bin/python -m bench.llama_direct --quick                  # a smoke run, in seconds
 
 The machine is shared and has 2 cores: numbers move with whatever else runs; the load average before
 and after each level is printed next to it.
@@ -27,9 +28,13 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
+from bench._quick import add_quick, parse
 from testbed.llama_process import start_server
 from testbed.llama_server import LlamaServerConfig
 from testbed.tiny_gguf import TinyModelSpec, ensure_model
+
+#: ``--quick``: the smoke test's run (tests/integration/test_bench_smoke.py).
+QUICK = {"slots": 2, "threads": 1, "levels": [1, 2], "duration": 1.0, "warmup": 0.5, "max_tokens": 16}
 
 
 @dataclass
@@ -121,7 +126,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds per level before measuring")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    add_quick(ap, QUICK)
+    args = parse(ap)
 
     cfg = LlamaServerConfig(
         model=ensure_model(TinyModelSpec()),

@@ -3,6 +3,8 @@ gateway, interleaved in one run.
 
     .venv/bin/python -m bench.overhead                     # real llama-server, near-free model
     .venv/bin/python -m bench.overhead --upstream URL      # any OpenAI-compatible server
+    .venv/bin/python -m bench.overhead --compare 6dae93d   # this tree's gateway beside that commit's
+    .venv/bin/python -m bench.overhead --quick             # a smoke run: every phase and figure, in seconds
 
 Configurations, each in front of the same upstream:
   * direct: the load generator talks to the upstream itself;
@@ -11,13 +13,17 @@ Configurations, each in front of the same upstream:
     spends on this machine (its clients close streamed connections, as the direct client does);
   * floor: ``bench/floor_proxy.py``, a bare ASGI pass-through on the gateway's own parts (uvicorn, httptools,
     uvloop, aiohttp) with nothing of the gateway: what any proxy on this stack costs on this machine;
-  * gateway: ``sweetspot serve --no-control`` with a limit above the load.
+  * gateway: ``sweetspot serve --no-control`` with a limit above the load;
+  * gateway@SHA, with ``--compare REF``: the same, run from REF checked out into a temporary git worktree
+    (by this interpreter, the worktree first on ``PYTHONPATH``), so a change is measured before and after in
+    one run; the report adds the ratio of this tree's gateway to it (``compare`` in the JSON).
 
 Phases (each round runs every configuration once, in an order that rotates per round, so drift hits all):
   * latency at concurrency 1: added TTFT p50/p99 (streamed) and added E2E p50 (non-streamed)
   * non-streamed requests/s at concurrency 32, and the gateway's CPU per request
   * streamed tokens/s at concurrency 8, and the gateway's CPU per streamed chunk
-  * 5,000 connected clients, most of them queued: the gateway's resident memory
+  * 5,000 connected clients, most of them queued: the gateway's resident memory (its connection cap,
+    ``max_connections``, raised above them for the phase)
 The upstream should be near-free (a tiny model) so the proxy's own CPU decides; with a real model the
 ratios approach 1.0 and say nothing. Results: a rich table, and JSON with ``--json PATH``.
 The CPU figures are each proxy process's user + system time over the run, divided by its requests or
@@ -29,9 +35,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,8 +51,10 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
+from bench._http import BenchError, admin_headers, dig, get_json
 from bench._nginx import start_nginx
 from bench._procs import ROOT, cpu_seconds, gateway_cmd, rss_mb, start
+from bench._quick import add_quick, parse
 from gateway.common.processes import LISTENING, RunningProcess
 from gateway.common.resend import resend_if_stale
 from gateway.server.upstream.upstream_client import STALE_RETRIES
@@ -76,7 +90,7 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    return ordered[min(int(round(q / 100 * (len(ordered) - 1))), len(ordered) - 1)]
+    return ordered[min(round(q / 100 * (len(ordered) - 1)), len(ordered) - 1)]
 
 
 # llama-server closes its connection after every streamed reply while announcing keep-alive, so a pooled
@@ -163,28 +177,51 @@ async def load(
 
 
 async def memory_under_queue(url: str, model: str, pid: int, clients: int) -> dict:
-    """Open ``clients`` streaming requests against a gateway whose limit is small: most queue."""
+    """Open ``clients`` streaming requests against a gateway whose limit is small: most queue.
+
+    The queue depth is read from ``/state`` on a connection of its own (the clients hold theirs). Requests the
+    gateway refused are counted in the figures (``errors``), and the run stops with the reason when the queue
+    does not fill (to 90% of the clients within 60 s, or before a tenth of them have failed)."""
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
+    run = Run()
+    async with (
+        aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as probe,
+    ):
         base_rss = rss_mb(pid)
-        tasks = [asyncio.create_task(one(session, url, model, True, 256, Run())) for _ in range(clients)]
-        depth, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < 60:
-            await asyncio.sleep(0.5)
-            async with session.get(f"{url}/state") as resp:
-                depth = (await resp.json())["queue"]["depth"]
-            if depth >= clients * 0.9:
-                break
-        peak = rss_mb(pid)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return {"clients": clients, "queued": depth, "rss_idle_mb": round(base_rss, 1), "rss_mb": round(peak, 1)}
+        tasks = [asyncio.create_task(one(session, url, model, True, 256, run)) for _ in range(clients)]
+        try:
+            depth, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < 60:
+                await asyncio.sleep(0.5)
+                state = await get_json(probe, f"{url}/state", headers=admin_headers())
+                depth = dig(state, "queue", "depth", what=f"GET {url}/state")
+                if depth >= clients * 0.9 or run.errors > clients * 0.1:
+                    break
+            peak = rss_mb(pid)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    if depth < clients * 0.9:
+        raise BenchError(
+            f"memory phase: {depth} of {clients} clients queued after {time.perf_counter() - t0:.0f} s "
+            f"(requests failed: {run.errors}, {run.error_kinds or 'none'}): the figure would not be for {clients}"
+        )
+    return {
+        "clients": clients,
+        "queued": depth,
+        "rss_idle_mb": round(base_rss, 1),
+        "rss_mb": round(peak, 1),
+        "errors": run.errors,
+        "error_kinds": run.error_kinds,
+    }
 
 
 async def first_model(url: str) -> str:
-    async with aiohttp.ClientSession() as session, session.get(f"{url}/v1/models") as resp:
-        return (await resp.json())["data"][0]["id"]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        models = await get_json(session, f"{url}/v1/models")
+    return dig(models, "data", 0, "id", what=f"GET {url}/v1/models")
 
 
 def start_llama() -> tuple[RunningProcess, str]:
@@ -236,81 +273,209 @@ TARGETS = {
 }
 
 
-def main() -> None:
+#: ``--quick``: the smoke test's run (tests/integration/test_bench_smoke.py): every phase and figure, in seconds.
+QUICK = {"seconds": 0.5, "rounds": 1, "peers": False, "clients": 300}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--upstream", help="OpenAI-compatible base URL (default: start llama-server)")
     parser.add_argument("--seconds", type=float, default=8.0, help="duration of each measured run")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each configuration per phase")
     parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per streamed request")
     parser.add_argument("--clients", type=int, default=5000, help="connected clients for the memory phase")
-    parser.add_argument("--no-peers", action="store_true", help="direct and gateway only (no nginx, no floor)")
+    parser.add_argument(
+        "--peers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also nginx (when installed), the pump and the floor; --no-peers: direct and the gateway(s) only",
+    )
     parser.add_argument(
         "--phases",
         default=",".join([*PHASES, "memory"]),
         help=f"comma-separated subset of {', '.join([*PHASES, 'memory'])} (default: all)",
     )
+    parser.add_argument(
+        "--compare",
+        metavar="REF",
+        help="also measure the gateway of git REF (checked out into a temporary worktree), beside this one",
+    )
+    add_quick(parser, QUICK)
     parser.add_argument("--json", type=Path, help="write the results here")
-    args = parser.parse_args()
+    args = parse(parser, argv)
     args.phases = [name.strip() for name in args.phases.split(",") if name.strip()]
     unknown = set(args.phases) - {*PHASES, "memory"}
     if unknown:
         parser.error(f"unknown phases: {', '.join(sorted(unknown))}")
+    return args
+
+
+@dataclass
+class Gateway:
+    """How to start one gateway under test: its name in the report, its command line, where it runs."""
+
+    name: str
+    cmd: Callable[..., list[str]]  # (upstream, *extra) -> command line
+    cwd: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def start(self, upstream: str, *extra: str, env: dict[str, str] | None = None) -> RunningProcess:
+        proc, _ = start(self.cmd(upstream, *extra), LISTENING, cwd=self.cwd, env={**self.env, **(env or {})})
+        return proc
+
+
+def git(*args: str) -> str:
+    done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BenchError(f"git {' '.join(args)}: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout.strip()
+
+
+@contextmanager
+def ref_gateway(ref: str) -> Iterator[tuple[Gateway, dict[str, str]]]:
+    """The gateway of git ``ref``: checked out (detached) into a temporary worktree, removed afterwards, and run
+    from there by this interpreter (the same virtual environment) with the worktree first on ``PYTHONPATH``.
+    Yields it and what it is (the ref, its commit)."""
+    commit = git("rev-parse", "--verify", f"{ref}^{{commit}}")
+    short = git("rev-parse", "--short", commit)
+    tmp = Path(tempfile.mkdtemp(prefix=f"sweetspot-{short}-"))
+    tree = tmp / "tree"
+    git("worktree", "add", "--detach", str(tree), commit)
+    try:
+        if (tree / "gateway" / "__main__.py").is_file():
+            entry = ["-m", "gateway"]
+        elif (tree / "gateway" / "cli" / "__init__.py").is_file():
+            entry = ["-c", "from gateway.cli import main; main()"]
+        else:
+            raise BenchError(f"{ref} ({short}) has neither gateway/__main__.py nor gateway/cli/__init__.py")
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)}
+        # This interpreter's environment has this checkout installed (editable): make sure the worktree wins.
+        found = subprocess.run(
+            [sys.executable, "-c", "import gateway; print(gateway.__file__)"],
+            cwd=tree,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+        )
+        if not found.stdout.strip().startswith(str(tree)):
+            raise BenchError(f"the worktree of {ref} imports gateway from {found.stdout.strip()}: {found.stderr}")
+
+        def cmd(upstream: str, *extra: str) -> list[str]:
+            return [sys.executable, *entry, "serve", "--upstream", upstream, "--port", "0", *extra]
+
+        yield Gateway(f"gateway@{short}", cmd, cwd=tree, env=env), {"ref": ref, "commit": commit}
+    finally:
+        removed = subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True, text=True
+        )
+        shutil.rmtree(tmp, ignore_errors=True)
+        if removed.returncode != 0:
+            console.print(
+                f"[yellow]git worktree remove {tree}: {removed.stderr.strip()} (`git worktree prune` forgets it)"
+                "[/yellow]"
+            )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     raise_fd_limit(args.clients)
 
-    upstream_proc = None
-    if args.upstream:
-        upstream = args.upstream.rstrip("/")
-    else:
-        upstream_proc, upstream = start_llama()
-    cleanup: list = []
-    proxies: dict[str, tuple[str, int]] = {}  # name -> (url, pid whose CPU is measured)
-    try:
-        if not args.no_peers:
-            nginx = start_nginx(upstream)
-            if nginx is None:
-                console.print(
-                    "[yellow]nginx is not installed: measured without it (apt-get install nginx-light adds it)[/yellow]"
-                )
-            else:
-                proc, url, tmp = nginx
-                cleanup += [proc.stop, tmp.cleanup]
-                proxies["nginx"] = (url, proc.pid)
-            proc, url = start([sys.executable, str(ROOT / "bench" / "pump_floor.py"), upstream], LISTENING)
-            cleanup.append(proc.stop)
-            proxies["pump"] = (url, proc.pid)
-            proc, url = start([sys.executable, str(ROOT / "bench" / "floor_proxy.py"), upstream], LISTENING)
-            cleanup.append(proc.stop)
-            proxies["floor"] = (url, proc.pid)
-        proc, url = start(
-            gateway_cmd(upstream, "--no-control", "--initial-limit", "64", "--max-queue", "20000"), LISTENING
-        )
-        cleanup.append(proc.stop)
-        proxies["gateway"] = (url, proc.pid)
-        results = asyncio.run(bench(upstream, proxies, args))
-        if "memory" in args.phases:
-            memory_proc, memory_url = start(
-                gateway_cmd(
-                    upstream, "--no-control", "--initial-limit", "4", "--max-queue", "20000", "--queue-timeout-s", "600"
-                ),
-                LISTENING,
-            )
-            try:
-                results["memory"] = asyncio.run(
-                    memory_under_queue(memory_url, results["model"], memory_proc.pid, args.clients)
-                )
-            finally:
-                memory_proc.stop()
-    finally:
-        for step in reversed(cleanup):
-            step()
-        if upstream_proc is not None:
-            upstream_proc.stop()
+    with ExitStack() as stack:
+        gateways = [Gateway("gateway", gateway_cmd)]
+        compared: dict[str, str] | None = None
+        if args.compare:
+            other, compared = stack.enter_context(ref_gateway(args.compare))
+            gateways.append(other)
+        if args.upstream:
+            upstream = args.upstream.rstrip("/")
+        else:
+            upstream_proc, upstream = start_llama()
+            stack.callback(upstream_proc.stop)
+        results = measure_all(stack, upstream, gateways, args)
+        if compared is not None:
+            results["compare"] = {**compared, "name": gateways[1].name, "ratios": ratios(results, gateways[1].name)}
     report(results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         # A phase without streamed requests has no TTFT: NaN in Python, null in JSON (NaN is not JSON).
         args.json.write_text(json.dumps(_nan_to_none(results), indent=2, allow_nan=False) + "\n")
         console.print(f"wrote {args.json}")
+
+
+def measure_all(stack: ExitStack, upstream: str, gateways: list[Gateway], args: argparse.Namespace) -> dict:
+    """Start the proxies (stopped by ``stack``), run the phases, then the memory phase gateway by gateway."""
+    proxies: dict[str, tuple[str, int]] = {}  # name -> (url, pid whose CPU is measured)
+    if args.peers:
+        nginx = start_nginx(upstream)
+        if nginx is None:
+            console.print(
+                "[yellow]nginx is not installed: measured without it (apt-get install nginx-light adds it)[/yellow]"
+            )
+        else:
+            proc, url, tmp = nginx
+            stack.callback(tmp.cleanup)
+            stack.callback(proc.stop)
+            proxies["nginx"] = (url, proc.pid)
+        for name, script in (("pump", "pump_floor.py"), ("floor", "floor_proxy.py")):
+            proc, url = start([sys.executable, str(ROOT / "bench" / script), upstream], LISTENING)
+            stack.callback(proc.stop)
+            proxies[name] = (url, proc.pid)
+    for gateway in gateways:
+        proc = gateway.start(upstream, "--no-control", "--initial-limit", "64", "--max-queue", "20000")
+        stack.callback(proc.stop)
+        proxies[gateway.name] = (proc.url, proc.pid)
+    results = asyncio.run(bench(upstream, proxies, args))
+    if "memory" in args.phases:
+        # The gateway refuses connections past max_connections (4,096 by default) with a 503: raised above the
+        # clients, or the phase measures refusals (and /state, asked on a connection of its own, is refused).
+        env = {"SWEETSPOT_MAX_CONNECTIONS": str(args.clients + 1024)}
+        extra = ("--no-control", "--initial-limit", "4", "--max-queue", "20000", "--queue-timeout-s", "600")
+        memory: dict[str, dict] = {}
+        for gateway in gateways:
+            with gateway.start(upstream, *extra, env=env) as proc:
+                memory[gateway.name] = asyncio.run(
+                    memory_under_queue(proc.url, results["model"], proc.pid, args.clients)
+                )
+            console.print(f"[dim]memory, {gateway.name}: {memory[gateway.name]}[/dim]")
+        results["memory"] = memory["gateway"]
+        if len(gateways) > 1:
+            results["memory_by_gateway"] = memory
+    return results
+
+
+#: The figures ``--compare`` sets side by side, as this gateway's over the other's.
+COMPARED = (
+    "rps",
+    "tokens_per_s",
+    "added_ttft_p50_ms",
+    "added_ttft_p99_ms",
+    "added_e2e_p50_ms",
+    "cpu_ms_per_request",
+    "cpu_us_per_chunk",
+)
+
+
+def _ratio(mine: float | None, theirs: float | None) -> float | None:
+    """``mine / theirs``; None unless both are positive (an added latency at or below zero is noise, and a
+    ratio of it means nothing)."""
+    if mine is None or theirs is None or not (mine > 0 and theirs > 0):  # NaN fails both comparisons
+        return None
+    return round(mine / theirs, 3)
+
+
+def ratios(results: dict, other: str) -> dict[str, dict[str, float | None]]:
+    """Per phase, ``gateway``'s figure over ``other``'s (below 1: less time or CPU, or fewer requests/s)."""
+    out = {
+        phase: {key: _ratio(figures["gateway"][key], figures[other][key]) for key in COMPARED}
+        for phase, figures in results["phases"].items()
+    }
+    if "memory_by_gateway" in results:
+        mine, theirs = results["memory_by_gateway"]["gateway"], results["memory_by_gateway"][other]
+        out["memory"] = {
+            "rss_mb": _ratio(mine["rss_mb"], theirs["rss_mb"]),
+            "rss_growth_mb": _ratio(mine["rss_mb"] - mine["rss_idle_mb"], theirs["rss_mb"] - theirs["rss_idle_mb"]),
+        }
+    return out
 
 
 def _nan_to_none(value: object) -> object:
@@ -401,12 +566,24 @@ def _verdict(value: float | None, target: float, *, at_least: bool) -> str:
 def report(results: dict) -> None:
     phases = results["phases"]
     proxies = results["proxies"]
-    table = Table(title=f"sweetspot overhead vs direct ({results['model']} @ {results['upstream']})")
+    compared = results.get("compare", {}).get("name")
+    title = f"sweetspot overhead vs direct ({results['model']} @ {results['upstream']})"
+    if compared:
+        title += f"; {compared} is {results['compare']['ref']} ({results['compare']['commit'][:12]})"
+    table = Table(title=title)
     table.add_column("measure")
     table.add_column("direct", justify="right")
     for proxy in proxies:
         table.add_column(proxy, justify="right")
+    if compared:
+        table.add_column(f"gateway / {compared}", justify="right")
     table.add_column("gateway target", justify="right")
+
+    def ratio_cell(mine: float | None, theirs: float | None) -> list[str]:
+        if not compared:
+            return []
+        value = _ratio(mine, theirs)
+        return [f"{value:.3f}x" if value is not None else ""]
 
     def row(
         label: str,
@@ -427,7 +604,8 @@ def report(results: dict) -> None:
             goal = f"{'>=' if at_least else '<='} {target}{unit} " + _verdict(
                 phases[phase]["gateway"][key], target, at_least=at_least
             )
-        table.add_row(label, direct, *(f"{v}{unit}" if v is not None else "" for v in values), goal)
+        ratio = ratio_cell(phases[phase]["gateway"][key], phases[phase][compared][key]) if compared else []
+        table.add_row(label, direct, *(f"{v}{unit}" if v is not None else "" for v in values), *ratio, goal)
 
     row("TTFT added p50, streamed c=1", "latency_stream_c1", "added_ttft_p50_ms", " ms", TARGETS["added_ttft_p50_ms"])
     row("TTFT added p99, streamed c=1", "latency_stream_c1", "added_ttft_p99_ms", " ms")
@@ -449,21 +627,42 @@ def report(results: dict) -> None:
                 f"{per_chunk[p] / per_chunk['nginx']:.2f}x" if per_chunk[p] and per_chunk["nginx"] else ""
                 for p in proxies
             ),
+            *([""] if compared else []),
             "(issue: 50 / 15 us = 3.3x)",
         )
     errors = {p: sum(phases[ph][p]["errors"] for ph in phases) for p in proxies}
     direct_errors = sum(phases[ph][proxies[0]]["direct_errors"] for ph in phases)
-    table.add_row("failed requests, all phases", str(direct_errors), *(str(errors[p]) for p in proxies), "0")
+    table.add_row(
+        "failed requests, all phases",
+        str(direct_errors),
+        *(str(errors[p]) for p in proxies),
+        *([""] if compared else []),
+        "0",
+    )
     if "memory" in results:
         m = results["memory"]
-        cells = ["" for _ in proxies[:-1]] + [f"{m['rss_mb']} MB (idle {m['rss_idle_mb']})"]
+        by_gateway = results.get("memory_by_gateway", {"gateway": m})
+
+        def memory_cell(p: str) -> str:
+            if p not in by_gateway:
+                return ""
+            mine = by_gateway[p]
+            failed = f", {mine['errors']} failed" if mine.get("errors") else ""
+            return f"{mine['rss_mb']} MB (idle {mine['rss_idle_mb']}{failed})"
+
         table.add_row(
             f"RSS, {m['clients']} clients ({m['queued']} queued)",
             "",
-            *cells,
+            *(memory_cell(p) for p in proxies),
+            *(ratio_cell(m["rss_mb"], by_gateway[compared]["rss_mb"]) if compared else []),
             f"<= {TARGETS['rss_mb']} MB " + _verdict(m["rss_mb"], TARGETS["rss_mb"], at_least=False),
         )
     console.print(table)
+    if compared:
+        console.print(
+            f"gateway / {compared}: this tree's figure over {results['compare']['ref']}'s; below 1 is less time, "
+            "CPU or memory (and fewer requests or tokens/s)"
+        )
 
 
 if __name__ == "__main__":

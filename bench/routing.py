@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.routing                      # 4 simulators, both workloads, all three policies
     .venv/bin/python -m bench.routing --duration 30 --json /tmp/routing.json
+    .venv/bin/python -m bench.routing --quick              # a smoke run, in seconds
 
 Upstreams: ``--upstreams`` simulators (``sweetspot sim``, vLLM's scheduler with automatic prefix caching, the
 default profile, context raised to 16K), started once. For each workload and policy a gateway is started in
@@ -25,12 +26,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import statistics
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -40,11 +43,23 @@ from rich.console import Console
 from rich.table import Table
 
 from bench._procs import start
+from bench._quick import add_quick, parse
 from gateway.common.processes import LISTENING, RunningProcess
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 POLICIES = ("prefix", "least_loaded", "random")
 WORKLOADS = ("multi_turn", "control")
+#: ``--quick``: the smoke test's run (tests/integration/test_bench_smoke.py): the goal's workload, prefix
+#: against least-loaded (the ratios' base), two simulators four times faster, a few clients for seconds.
+QUICK = {
+    "upstreams": 2,
+    "clients": 4,
+    "warmup": 1.0,
+    "duration": 2.0,
+    "time_scale": 4.0,
+    "policies": ["prefix", "least_loaded"],
+    "workloads": ["multi_turn"],
+}
 VOCAB = tuple(
     [
         "the",
@@ -151,7 +166,7 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    return ordered[min(int(round(q / 100 * (len(ordered) - 1))), len(ordered) - 1)]
+    return ordered[min(round(q / 100 * (len(ordered) - 1)), len(ordered) - 1)]
 
 
 def words(rng: random.Random, tokens: int) -> str:
@@ -325,7 +340,7 @@ def one_run(
         gateway.stop()
 
     def delta(name: str) -> list[float]:
-        return [a.get(name, 0.0) - b.get(name, 0.0) for a, b in zip(after, before)]
+        return [a.get(name, 0.0) - b.get(name, 0.0) for a, b in zip(after, before, strict=True)]
 
     run.upstream_requests = delta("vllm:request_success_total")
     queries, hits = sum(delta("vllm:prefix_cache_queries_total")), sum(delta("vllm:prefix_cache_hits_total"))
@@ -466,34 +481,44 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="repeat every run, rotating the policies' order")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    add_quick(parser, QUICK)
+    args = parse(parser)
 
     sims: list[RunningProcess] = []
     runs: list[Run] = []
+
+    def start_sim(i: int) -> RunningProcess:
+        proc, _ = start(
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "sim",
+                "--port",
+                "0",
+                "--profile",
+                args.profile,
+                "--max-model-len",
+                "16384",
+                "--time-scale",
+                str(args.time_scale),
+                "--model-name",
+                "sim",
+                "--seed",
+                str(i),
+            ],
+            LISTENING,
+        )
+        return proc
+
     try:
-        for i in range(args.upstreams):
-            proc, _ = start(
-                [
-                    sys.executable,
-                    "-m",
-                    "gateway",
-                    "sim",
-                    "--port",
-                    "0",
-                    "--profile",
-                    args.profile,
-                    "--max-model-len",
-                    "16384",
-                    "--time-scale",
-                    str(args.time_scale),
-                    "--model-name",
-                    "sim",
-                    "--seed",
-                    str(i),
-                ],
-                LISTENING,
-            )
-            sims.append(proc)
+        with ThreadPoolExecutor(args.upstreams) as pool:  # side by side: each takes a second or two to start
+            futures = [pool.submit(start_sim, i) for i in range(args.upstreams)]
+            for future in futures:
+                with contextlib.suppress(Exception):  # raised again below, once every started one is kept
+                    sims.append(future.result())
+            for future in futures:
+                future.result()
         for round_ in range(args.rounds):
             for workload in args.workloads:
                 # the order rotates per round, so a drift of the (shared) machine hits every policy alike

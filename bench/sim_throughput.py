@@ -7,6 +7,7 @@ It also reports the CPU the server process used (from /proc), i.e. the headroom 
 
     .venv/bin/python -m bench.sim_throughput                 # default profile, 48 clients, 512+512
     .venv/bin/python -m bench.sim_throughput --concurrency 32 64 --duration 30 --json out/sim.json
+    .venv/bin/python -m bench.sim_throughput --quick         # a smoke run, in seconds
 
 Output: a table (rich) and, with --json, the same numbers as JSON.
 """
@@ -28,10 +29,14 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
+from bench._http import BenchError
+from bench._quick import add_quick, parse
 from gateway.sim.oracle import predict_closed_loop
 from gateway.sim.profiles import DEFAULT_PROFILE, get_profile
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+#: ``--quick``: the smoke test's run (tests/integration/test_bench_smoke.py).
+QUICK = {"concurrency": [4], "prompt_tokens": 64, "output_tokens": 64, "warmup": 1.0, "duration": 2.0}
 
 
 @dataclass
@@ -105,7 +110,10 @@ async def drive(
         stop = True
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        ended = await asyncio.gather(*tasks, return_exceptions=True)
+    failed = [e for e in ended if isinstance(e, Exception) and not isinstance(e, asyncio.CancelledError)]
+    if failed:
+        raise BenchError(f"{len(failed)} of {concurrency} clients failed; the first: {failed[0]!r}")
     return Result(concurrency, 0.0, n / window, 0.0, 100 * (s1 - s0) / window, 100 * (c1 - c0) / window, done, window)
 
 
@@ -119,7 +127,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=30.0, help="seconds counted")
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--json", type=Path, help="write the results here as JSON")
-    args = ap.parse_args()
+    add_quick(ap, QUICK)
+    args = parse(ap)
     profile = get_profile(args.profile)
     console = Console()
     results: list[Result] = []

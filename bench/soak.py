@@ -8,6 +8,7 @@ storm, a tenth of the clients hanging up mid-stream, and a burst that overflows 
     .venv/bin/python -m bench.soak                              # 10 minutes
     .venv/bin/python -m bench.soak --minutes 3 --json out/soak.json
     .venv/bin/python -m bench.soak --docs docs/soak.md --json docs/soak.json
+    .venv/bin/python -m bench.soak --quick                      # a smoke run: every fault, in seconds
 
 The report: requests by ending (completed, error answered, lost: no answer at all), permits in flight and
 queue depth at the end, open file descriptors, and the gateway's RSS over time with its growth per 10
@@ -30,11 +31,18 @@ from pathlib import Path
 
 import aiohttp
 
+from bench._http import BenchError, admin_headers, dig
+from bench._http import get_json as _get_json
+from bench._quick import add_quick, parse
 from gateway.common.processes import LISTENING, RunningProcess, free_port, start_process, sweetspot
 
 CHAT = [{"role": "user", "content": "soak"}]
 FAULTS = ("restart", "slowdown", "error_storm", "hang_ups", "burst")
 WARMUP_S = 120.0
+#: ``--quick``: the smoke test's run (tests/integration/test_bench_smoke.py): the five faults, one every 2 s
+#: and each for its share of that (a restart's pause, a slowdown, an error storm, hang-ups, a burst), in 15 s
+#: (room for a slow restart: the faults run one after the other, and none starts in the last second).
+QUICK = {"minutes": 0.25, "clients": 8, "burst": 30, "max_tokens": 32, "time_scale": 4.0, "fault_period_s": 2.0}
 
 
 @dataclass
@@ -90,12 +98,14 @@ async def client_loop(gw: str, model: str, tally: Tally, until: float, seed: int
 
 async def post_json(url: str, payload: dict) -> None:
     async with aiohttp.ClientSession() as session, session.post(url, json=payload) as response:
-        await response.read()
+        text = await response.text()
+        if response.status != 200:
+            raise BenchError(f"POST {url} answered {response.status}: {text[:500]}")
 
 
 async def get_json(url: str) -> dict:
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        return await response.json()  # type: ignore[no-any-return]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        return await _get_json(session, url, headers=admin_headers())  # type: ignore[no-any-return]
 
 
 class Soak:
@@ -119,22 +129,23 @@ class Soak:
 
     async def fault(self, name: str, gw: str, model: str, until: float) -> None:
         sim = f"http://127.0.0.1:{self.sim_port}"
+        scale = self.args.fault_period_s / 60  # the faults last their share of the period between them
         if name == "restart":
             assert self.sim is not None
             self.sim.stop()
-            await asyncio.sleep(5)
+            await asyncio.sleep(5 * scale)
             await asyncio.to_thread(self.start_sim)
         elif name == "slowdown":
             await post_json(f"{sim}/admin/scenario", {"speed_factor": 2.0})
-            await asyncio.sleep(30)
+            await asyncio.sleep(30 * scale)
             await post_json(f"{sim}/admin/scenario", {"reset": True})
         elif name == "error_storm":
             await post_json(f"{sim}/admin/scenario", {"error_rate": 0.5})
-            await asyncio.sleep(20)
+            await asyncio.sleep(20 * scale)
             await post_json(f"{sim}/admin/scenario", {"reset": True})
         elif name == "hang_ups":
             self.tally.hang_up_share = 0.1
-            await asyncio.sleep(30)
+            await asyncio.sleep(30 * scale)
             self.tally.hang_up_share = 0.0
         elif name == "burst":
             await asyncio.gather(
@@ -158,7 +169,7 @@ class Soak:
             timeout=60,
         )
         gw, pid = self.gateway.url, self.gateway.pid
-        model = (await get_json(f"{gw}/v1/models"))["data"][0]["id"]
+        model = dig(await get_json(f"{gw}/v1/models"), "data", 0, "id", what=f"GET {gw}/v1/models")
         started = time.monotonic()
         until = started + args.minutes * 60
         loops = [client_loop(gw, model, self.tally, until, i, args.max_tokens) for i in range(args.clients)]
@@ -169,10 +180,11 @@ class Soak:
                 await asyncio.sleep(10)
 
         async def faults() -> None:
-            minute = 0
+            minute = 0  # periods, a minute each by default
+            period = args.fault_period_s
             while True:
-                await asyncio.sleep(max(0.0, started + 60 * (minute + 1) - time.monotonic()))
-                if time.monotonic() >= until - 30:
+                await asyncio.sleep(max(0.0, started + period * (minute + 1) - time.monotonic()))
+                if time.monotonic() >= until - period / 2:
                     return
                 name = FAULTS[minute % len(FAULTS)]
                 self.faults.append((time.monotonic() - started, name))
@@ -190,7 +202,7 @@ class Soak:
         steady = [(t, rss) for t, rss, _ in self.samples if t >= WARMUP_S]
         growth = None
         if len(steady) >= 3:
-            times, values = zip(*steady)
+            times, values = zip(*steady, strict=True)
             growth = statistics.linear_regression(times, values).slope * 600
         lost = sum(n for ending, n in self.tally.endings.items() if ending.startswith("lost"))
         return {
@@ -200,12 +212,13 @@ class Soak:
             "max_queue": self.args.max_queue,
             "endings": dict(sorted(self.tally.endings.items())),
             "lost": lost,
-            "inflight_at_end": sum(u["inflight"] for u in state["upstreams"]),
-            "queue_depth_at_end": state["queue"]["depth"],
+            "inflight_at_end": sum(dig(u, "inflight", what="an upstream of /state") for u in dig(state, "upstreams")),
+            "queue_depth_at_end": dig(state, "queue", "depth", what="/state"),
             "open_fds": [fds for _, _, fds in self.samples],
             "rss_mb": [[round(t), round(rss, 1)] for t, rss, _ in self.samples],
             "rss_growth_mb_per_10_min": None if growth is None else round(growth, 2),
             "faults": [[round(t), name] for t, name in self.faults],
+            "fault_period_s": self.args.fault_period_s,
         }
 
     def stop(self) -> None:
@@ -216,10 +229,12 @@ class Soak:
 
 def markdown(result: dict) -> str:
     rss = result["rss_mb"]
+    period = result.get("fault_period_s", 60.0)
+    pace = "one a minute" if period == 60 else f"one every {period:g} s"
     lines = [
         "<!-- generated by python -m bench.soak; rerun it rather than editing -->",
         f"Command: `{result['command']}` ({result['minutes']} minutes, {result['clients']} closed-loop streaming "
-        f"clients, queue {result['max_queue']}; faults, one a minute: {', '.join(n for _, n in result['faults'])}).",
+        f"clients, queue {result['max_queue']}; faults, {pace}: {', '.join(n for _, n in result['faults'])}).",
         "",
         "| measure | value | must be |",
         "| --- | --- | --- |",
@@ -246,8 +261,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--fault-period-s", type=float, default=60.0, help="seconds between faults; each lasts its share of them"
+    )
     parser.add_argument("--docs", type=Path, help="write the markdown report here")
-    args = parser.parse_args()
+    add_quick(parser, QUICK)
+    args = parse(parser)
     soak = Soak(args)
     try:
         result = asyncio.run(soak.run())

@@ -7,6 +7,7 @@ and minutes of simulated load in seconds of CPU.
 
     .venv/bin/python -m bench.tenants                         # all four cases, table + docs/tenants.json
     .venv/bin/python -m bench.tenants --cases noisy weights   # some of them
+    .venv/bin/python -m bench.tenants --quick --json /tmp/t.json   # a smoke run of the simulated cases
 
 Cases (each a claim of issue #17):
 
@@ -38,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._http import admin_headers, dig, get_json, get_text
+from bench._quick import add_quick, parse
 from gateway.control.config import AimdConfig
 from gateway.settings import Settings
 from gateway.sim.profiles import DEFAULT_PROFILE, get_profile
@@ -226,8 +229,8 @@ async def _drive(url: str) -> dict[str, Any]:
 
     model = "default"
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        async with session.get(f"{url}/v1/models", headers={"authorization": "Bearer key-quiet"}) as resp:
-            model = (await resp.json())["data"][0]["id"]
+        models = await get_json(session, f"{url}/v1/models", headers={"authorization": "Bearer key-quiet"})
+        model = dig(models, "data", 0, "id", what=f"GET {url}/v1/models")
         ttfts: dict[str, list[float]] = {"quiet": [], "noisy": []}
         loop_time = asyncio.get_running_loop().time
         began = loop_time()
@@ -276,8 +279,7 @@ async def _drive(url: str) -> dict[str, Any]:
 async def _scrape(session: Any, url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    async with session.get(f"{url}/metrics") as resp:
-        text = await resp.text()
+    text = await get_text(session, f"{url}/metrics", headers=admin_headers())
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(text)
@@ -308,11 +310,22 @@ def _bucket_p99(delta: dict, metric: str, tenant: str | None) -> float | None:
 CASES = {"noisy": noisy, "weights": weights, "classes": classes, "scenarios": scenarios, "live": live}
 
 
+#: ``--quick``: the smoke test's run (tests/integration/test_bench_smoke.py): the simulated cases, each over a
+#: short simulated interval, and no JSON unless ``--json`` is given (never over docs/tenants.json). Not
+#: ``scenarios`` (every scenario three times, minutes of CPU) nor ``live`` (204 streams for 90 s).
+QUICK = {"cases": ["noisy", "weights", "classes"], "warmup_s": 20.0, "measure_s": 60.0, "json": None}
+
+
 def main() -> None:
+    global WARMUP_S, MEASURE_S  # the cases read them; the options set them for this run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "tenants.json")
-    args = parser.parse_args()
+    parser.add_argument("--warmup-s", type=float, default=WARMUP_S, help="simulated warm-up of each harness run")
+    parser.add_argument("--measure-s", type=float, default=MEASURE_S, help="simulated measured interval of each")
+    add_quick(parser, QUICK)
+    args = parse(parser)
+    WARMUP_S, MEASURE_S = args.warmup_s, args.measure_s
     results: dict[str, Any] = {
         "profile": DEFAULT_PROFILE,
         "workload": {"prompt": CHAT.prompt, "output": CHAT.output},
@@ -324,8 +337,9 @@ def main() -> None:
         results[name] = CASES[name]()
         print(f"== {name} ({time.perf_counter() - began:.0f} s)")
         print(json.dumps(results[name], indent=2))
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.upstream_client                    # against a llama-server it starts
     .venv/bin/python -m bench.upstream_client --upstream URL     # or any OpenAI-compatible server
+    .venv/bin/python -m bench.upstream_client --quick            # a smoke run, in seconds
 
 Runs the same requests with aiohttp (one pooled session) and httpx (AsyncClient, pooled), in one
 process, interleaved, and reports the client process's CPU seconds per non-streamed request and per
@@ -22,11 +23,15 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from bench._http import BenchError, dig, get_json
+from bench._quick import add_quick, parse
 from gateway.common.resend import resend_if_stale
 from gateway.server.upstream.upstream_client import STALE_RETRIES
 
 console = Console()
 CONCURRENCY = 16
+#: ``--quick``: the smoke test's run (tests/integration/test_bench_smoke.py).
+QUICK = {"requests": 64, "rounds": 1}
 
 
 # The gateway sends streamed requests upstream with Connection: close (llama-server closes after every streamed
@@ -57,6 +62,8 @@ async def with_aiohttp(url: str, model: str, requests: int, stream: bool, max_to
                 body(model, stream, max_tokens),
                 STREAM_HEADERS if stream else None,
             ) as resp:
+                if resp.status != 200:
+                    raise BenchError(f"POST {url}/v1/chat/completions answered {resp.status}: {await resp.text()}")
                 if stream:
                     async for _ in resp.content.iter_any():
                         chunks += 1
@@ -85,10 +92,15 @@ async def with_httpx(url: str, model: str, requests: int, stream: bool, max_toke
                 async with client.stream(
                     "POST", f"{url}/v1/chat/completions", headers=STREAM_HEADERS, json=body(model, stream, max_tokens)
                 ) as resp:
+                    if resp.status_code != 200:
+                        await resp.aread()
+                        raise BenchError(f"POST {url}/v1/chat/completions answered {resp.status_code}: {resp.text}")
                     async for _ in resp.aiter_raw():
                         chunks += 1
             else:
-                (await client.post(f"{url}/v1/chat/completions", json=body(model, stream, max_tokens))).read()
+                resp = await client.post(f"{url}/v1/chat/completions", json=body(model, stream, max_tokens))
+                if resp.status_code != 200:
+                    raise BenchError(f"POST {url}/v1/chat/completions answered {resp.status_code}: {resp.text}")
 
         return await _drive(one, requests), chunks
 
@@ -114,7 +126,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    add_quick(parser, QUICK)
+    args = parse(parser)
     server = None
     if args.upstream:
         url = args.upstream.rstrip("/")
@@ -151,8 +164,9 @@ def main() -> None:
 
 
 async def _model(url: str) -> str:
-    async with aiohttp.ClientSession() as session, session.get(f"{url}/v1/models") as resp:
-        return (await resp.json())["data"][0]["id"]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        models = await get_json(session, f"{url}/v1/models")
+    return dig(models, "data", 0, "id", what=f"GET {url}/v1/models")
 
 
 if __name__ == "__main__":

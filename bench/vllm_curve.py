@@ -133,7 +133,7 @@ def markdown(rows: list[Row], bench: dict[int, dict], meta: dict) -> str:
         f"{peak_g.gateway_tokens_per_s:.0f} tok/s through the gateway (at {peak_g.concurrency}): "
         f"ratio {peak_g.gateway_tokens_per_s / peak_d.direct_tokens_per_s:.3f}. "
         "vLLM's own `vllm:num_preemptions_total` grew by "
-        + ", ".join(f"{n} at {c}" for c, n in zip(meta["levels"], meta["preemptions_by_level"]))
+        + ", ".join(f"{n} at {c}" for c, n in zip(meta["levels"], meta["preemptions_by_level"], strict=True))
         + " (both targets, all rounds, warm-ups included).",
         "",
         "| " + " | ".join(COLUMNS) + " |",

@@ -4,6 +4,7 @@ nginx, in one run.
     .venv/bin/python -m bench.workers                     # real llama-server, near-free model
     .venv/bin/python -m bench.workers --upstream URL      # any OpenAI-compatible server
     .venv/bin/python -m bench.workers --json out/workers.json
+    .venv/bin/python -m bench.workers --quick             # a smoke run: every figure, in seconds
 
 Configurations, each in front of the same upstream, measured in rounds that rotate their order:
   * nginx: the C floor (one process, ``bench/_nginx.py``), when an ``nginx`` binary is installed;
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -34,10 +36,13 @@ from rich.table import Table
 
 from bench._nginx import start_nginx
 from bench._procs import cpu_seconds, gateway_cmd, start
+from bench._quick import add_quick, parse
 from bench.overhead import Run, first_model, load, start_llama
 from gateway.common.processes import LISTENING
 
 console = Console(width=None if sys.stdout.isatty() else 150)
+#: ``--quick``: the smoke test's run (tests/integration/test_bench_smoke.py).
+QUICK = {"seconds": 1.0, "rounds": 1, "concurrency": 4, "max_tokens": 16}
 
 
 def tree(pid: int) -> list[int]:
@@ -61,19 +66,15 @@ def tree(pid: int) -> list[int]:
 def tree_cpu(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):  # the process has gone
             total += cpu_seconds(pid)
-        except OSError:
-            pass
     return total
 
 
 def pin(pids: list[int], cores: set[int]) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):  # the process has gone
             os.sched_setaffinity(pid, cores)
-        except OSError:
-            pass
 
 
 async def measure(
@@ -93,7 +94,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32, help="streams at once")
     parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per streamed request")
     parser.add_argument("--json", type=Path, help="write the results here")
-    args = parser.parse_args()
+    add_quick(parser, QUICK)
+    args = parse(parser)
 
     cores = sorted(os.sched_getaffinity(0))
     # With 5 cores or more: the proxy gets the last two (one per worker), everything else the rest.
@@ -136,7 +138,7 @@ def main() -> None:
             cleanup.append(proc.stop)
             pids = tree(proc.pid)
             proxies[f"workers={workers}"] = (url, pids, workers)
-        for name, (_, pids, _) in proxies.items():
+        for _, pids, _ in proxies.values():
             pin(pids, proxy_cores)
         results = asyncio.run(bench(upstream, proxies, args))
     finally:

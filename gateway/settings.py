@@ -3,13 +3,17 @@
 Precedence, highest first: command-line flags (passed as keyword arguments), ``SWEETSPOT_*``
 environment variables, a TOML file (``--config`` / ``SWEETSPOT_CONFIG``), then the defaults below.
 Nothing else in the code base reads the environment: a reader looking for a knob finds it here.
+
+The fields are declared in sections, one small class each (:data:`SECTIONS`), which :class:`Settings`
+inherits all of: a section is data, so ``sweetspot serve --help`` groups its flags (one per field,
+generated in :mod:`gateway.cli.serve`) the way this file does.
 """
 
 from __future__ import annotations
 
 import contextvars
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
@@ -20,6 +24,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from gateway.control.baselines import BUILT_IN
 from gateway.control.config import ControllerKnobs
 
 _TOML_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("sweetspot_toml", default=None)
@@ -81,44 +86,33 @@ class TenantConfig(BaseModel):
     )
 
 
-class Settings(BaseSettings, ControllerKnobs):
-    """The gateway's configuration. Field docs are the reference; ``sweetspot serve --help`` mirrors them.
-    The controller's knobs (limits, objectives, the knee search) come from
-    :class:`~gateway.control.config.ControllerKnobs`, where each is declared once."""
+class ListeningKnobs(BaseModel):
+    """Where the gateway listens, in how many processes, and what a client connection may hold before its
+    request is read."""
 
-    model_config = SettingsConfigDict(env_prefix="SWEETSPOT_", extra="ignore", validate_default=True)
-
-    # --- listening -------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in containers).")
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Names a request's Host header may carry (any port): `example.com`, `*.example.com` for its "
+        "subdomains, `*` for any. Others get a 421 before any route, health routes included (a page a browser "
+        "loaded from elsewhere cannot reach a loopback gateway through DNS rebinding). Empty: localhost, "
+        "127.0.0.1 and [::1] when the gateway listens on loopback without client keys, else any host.",
+    )
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _hosts_csv(cls, value: Any) -> Any:
+        return _split_csv(value)
+
     workers: int = Field(
         1,
         ge=1,
         le=256,
         description="Worker processes serving the one port (SO_REUSEPORT: the kernel spreads connections over "
-        "them), so one host uses its cores: one process streams at most ~14,000 chunks/s (bench/workers.py). Each "
-        "is an independent replica with its own controllers; per-worker limit_max x workers must stay within "
-        "what the backend admits (docs/deploy.md).",
-    )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="Least severe log record written; 'warning' drops the access log and limit changes."
-    )
-    log_format: Literal["json", "text"] = Field(
-        "json", description="json: one JSON object per line (for log collectors); text: for a person at a terminal."
-    )
-    access_log: bool = Field(True, description="One log line per answered request (logger sweetspot.access).")
-    event_loop_lag_interval_s: float = Field(
-        0.5,
-        gt=0,
-        description="How often the event loop's lag is measured (sweetspot_event_loop_lag_seconds).",
-    )
-    drain_timeout_s: float = Field(
-        300.0,
-        ge=0,
-        description="On SIGTERM: how long running requests may take to finish. /readyz turns 503 at once, new and "
-        "queued requests get 503 with Retry-After (a retrying SDK lands on another replica), running streams "
-        "go on; one still running at the deadline ends with an error event. 5 minutes holds a long generation "
-        "(8K tokens at 30 tokens/s); the orchestrator's grace period must exceed it (docs/deploy.md).",
+        "them), so one host uses its cores: one process streams only as many chunks per second as one core "
+        "relays (docs/deploy.md has the measurement). Each is an independent replica with its own controllers; "
+        "per-worker limit_max x workers must stay within what the backend admits (docs/deploy.md).",
     )
     max_connections: int = Field(
         4096,
@@ -132,6 +126,15 @@ class Settings(BaseSettings, ControllerKnobs):
         description="Largest request head (request line and headers together); beyond it the gateway answers 431 "
         "and closes the connection without buffering the rest. OpenAI SDK requests send about 1 KB.",
     )
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Largest request body accepted; larger gets 413.")
+    max_response_bytes: int = Field(
+        64 * 1024 * 1024,
+        gt=0,
+        description="Largest whole (not streamed) answer the gateway reads from an upstream; past it the client gets "
+        "an OpenAI-shaped 502 `response_too_large`. A streamed answer is passed on event by event, and one event "
+        "(part of an answer) may not exceed it either: past it the stream ends with an error event "
+        "(`upstream_event_too_large`), so an upstream that never ends an event costs at most this much memory.",
+    )
     request_read_timeout_s: float = Field(
         30.0,
         gt=0,
@@ -139,8 +142,19 @@ class Settings(BaseSettings, ControllerKnobs):
         "(a slowloris defence): past it, 408 and the connection closed. A connection that sends nothing is "
         "closed after the same time.",
     )
+    drain_timeout_s: float = Field(
+        300.0,
+        ge=0,
+        description="On SIGTERM: how long running requests may take to finish. /readyz turns 503 at once, new and "
+        "queued requests get 503 with Retry-After (a retrying SDK lands on another replica), running streams "
+        "go on; one still running at the deadline ends with an error event. 5 minutes holds a long generation "
+        "(8K tokens at 30 tokens/s); the orchestrator's grace period must exceed it (docs/deploy.md).",
+    )
 
-    # --- upstreams -------------------------------------------------------------------------------
+
+class UpstreamKnobs(BaseModel):
+    """The inference servers behind the gateway, and how their health is followed."""
+
     upstreams: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Base URLs of the inference servers, e.g. http://vllm:8000."
     )
@@ -150,14 +164,32 @@ class Settings(BaseSettings, ControllerKnobs):
     upstream_api_key: str | None = Field(
         None, description="Bearer token the gateway sends upstream instead of the client's."
     )
+    health_interval_s: float = Field(2.0, gt=0, description="How often each upstream's health is polled.")
+    upstream_timeouts_to_down: int = Field(
+        3,
+        ge=1,
+        description="Timeouts in a row after which an upstream is taken out of rotation for health_hold_s even "
+        "though its /health still answers: a server that takes requests and never answers holds every permit.",
+    )
+    health_hold_s: float = Field(
+        30.0,
+        ge=0,
+        description="How long an upstream taken out for timeouts stays out before the health poll may bring it back.",
+    )
+
+
+class TimeoutKnobs(BaseModel):
+    """How long each part of an upstream request may take before it is aborted."""
+
     connect_timeout_s: float = Field(
         5.0, gt=0, description="TCP connect timeout to an upstream (a loopback or LAN connect takes milliseconds)."
     )
     upstream_timeout_s: float = Field(
         600.0,
         gt=0,
-        description="Longest a single upstream request may take, generation included. A non-streamed request's "
-        "answer begins only when its generation ends, so this is also how long it may wait for that answer.",
+        description="Longest a non-streamed upstream request may take, generation included: its answer begins "
+        "only when its generation ends, so this is also how long it may wait for that answer. A stream has no "
+        "total bound (first_token_timeout_s, then stream_idle_timeout_s): it runs as long as it produces.",
     )
     first_token_timeout_s: float = Field(
         120.0,
@@ -170,40 +202,22 @@ class Settings(BaseSettings, ControllerKnobs):
     stream_idle_timeout_s: float = Field(
         60.0,
         gt=0,
-        description="Longest silence between two reads of a streamed answer: past it the upstream request is "
-        "aborted and the client gets an error event. A decoding server sends a token every few to few hundred ms.",
-    )
-    upstream_timeouts_to_down: int = Field(
-        3,
-        ge=1,
-        description="Timeouts in a row after which an upstream is taken out of rotation for health_hold_s even "
-        "though its /health still answers: a server that takes requests and never answers holds every permit.",
-    )
-    health_hold_s: float = Field(
-        30.0,
-        ge=0,
-        description="How long an upstream taken out for timeouts stays out before the health poll may bring it back.",
-    )
-    health_interval_s: float = Field(2.0, gt=0, description="How often each upstream's health is polled.")
-    metrics_interval_s: float = Field(
-        2.0, gt=0, description="How often each upstream's own /metrics (KV usage, waiting, preemptions) is scraped."
+        description="Longest silence between two reads of a streamed answer, from its first token on (before it, "
+        "first_token_timeout_s): past it the upstream request is aborted and the client gets an error event. A "
+        "decoding server sends a token every few to few hundred ms.",
     )
 
-    # --- clients ---------------------------------------------------------------------------------
+
+class ClientKnobs(BaseModel):
+    """Who may call the gateway, and what a request may reach and ask for."""
+
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Accepted client API keys (Authorization: Bearer). Empty: no auth."
     )
-    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Largest request body accepted; larger gets 413.")
-    response_affinity_max: int = Field(
-        100_000,
-        ge=1,
-        description="Responses API ids remembered with the upstream that created them (previous_response_id, "
-        "GET/cancel by id reach that upstream); the oldest are forgotten first. About 150 bytes each.",
-    )
-    response_affinity_ttl_s: float = Field(
-        6 * 3600.0,
-        gt=0,
-        description="How long a response id is remembered (a backend keeps stored responses in memory, not for ever).",
+    admin_api_key: str | None = Field(
+        None,
+        description="Bearer token that /metrics and /state require (Prometheus: `authorization: {credentials: "
+        "...}` in its scrape config). Unset: they are open, as the health routes are.",
     )
     passthrough_paths: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -213,18 +227,18 @@ class Settings(BaseSettings, ControllerKnobs):
     max_n: int = Field(
         16, ge=1, description="Largest `n` (choices per request) accepted; each choice is a generation upstream."
     )
-    admin_api_key: str | None = Field(
-        None,
-        description="Bearer token that /metrics and /state require (Prometheus: `authorization: {credentials: "
-        "...}` in its scrape config). Unset: they are open, as the health routes are.",
-    )
-    priority_header: str = Field(
-        "x-sweetspot-priority",
-        description="Request header naming the priority class a request asks for (one of priority_classes); "
-        "a tenant gets at most its max_priority, whatever it asks.",
+    max_request_sequences: int = Field(
+        16,
+        ge=1,
+        description="The most sequences one request may run at once: `n` answers to each prompt of a completions "
+        "`prompt` list. Each holds a slot of its upstream's limit (and of the backend's batch and KV cache); a "
+        "request wider than this, or than its upstream's limit could ever be, is refused with a 400 that says so.",
     )
 
-    # --- tenants ---------------------------------------------------------------------------------
+
+class TenantKnobs(BaseModel):
+    """Who shares the slots, and in what order and proportion queued requests are admitted."""
+
     tenants: list[TenantConfig] = Field(
         default_factory=list,
         description="The tenants, identified by their API keys (TOML: [[tenants]] tables). Requests with none of "
@@ -242,11 +256,21 @@ class Settings(BaseSettings, ControllerKnobs):
         "starvation_after for what the lower ones still get.",
     )
     default_priority: str = Field("standard", description="Class of a tenant that names none.")
+    priority_header: str = Field(
+        "x-sweetspot-priority",
+        description="Request header naming the priority class a request asks for (one of priority_classes); "
+        "a tenant gets at most its max_priority, whatever it asks.",
+    )
     starvation_after: int = Field(
         20,
         ge=0,
         description="Anti-starvation: a lower class with requests waiting that was passed over this many "
         "admissions in a row gets the next one (so at least 1 in starvation_after + 1). 0: strict priority.",
+    )
+    queue_discipline: Literal["fair", "fifo"] = Field(
+        "fair",
+        description="Inside a priority class: `fair` shares the slots between tenants by weight (per-tenant "
+        "queues, start-time fair queuing); `fifo` admits by arrival, whoever sent it.",
     )
     tenant_reserve: float = Field(
         0.1,
@@ -254,25 +278,35 @@ class Settings(BaseSettings, ControllerKnobs):
         le=1,
         description="With `fair`: the top slots of each upstream's limit (this share of it, at least one, never "
         "all) go only to a tenant holding fewer than half its weighted share, while such a tenant has requests "
-        "running; a light tenant's next request then finds a free slot instead of waiting for a release (about "
-        "a second at p99). The limit is never exceeded. 0: every slot is anyone's.",
-    )
-    queue_discipline: Literal["fair", "fifo"] = Field(
-        "fair",
-        description="Inside a priority class: `fair` shares the slots between tenants by weight (per-tenant "
-        "queues, start-time fair queuing); `fifo` admits by arrival, whoever sent it.",
+        "running; a light tenant's next request then finds a free slot instead of waiting for a release, which "
+        "comes at random when the limit is full (docs/tenants.md measures the wait). The limit is never exceeded. "
+        "0: every slot is anyone's.",
     )
 
-    # --- admission -------------------------------------------------------------------------------
+
+class AdmissionKnobs(BaseModel):
+    """The permits requests wait for, and how many may wait, for how long."""
+
+    initial_limit: int = Field(
+        8, ge=1, description="Concurrency limit per upstream at start (or always, with the controller off)."
+    )
     max_queue: int = Field(
         1024, ge=0, description="Requests allowed to wait for a permit; beyond it the gateway answers 429."
+    )
+    max_queued_bytes: int = Field(
+        256 * 1024 * 1024,
+        gt=0,
+        description="Bytes of request bodies allowed to wait for a permit, all queued requests together; beyond it "
+        "the gateway answers 429 with Retry-After. Bounds the queue's memory where max_queue counts requests.",
     )
     queue_timeout_s: float = Field(
         60.0, gt=0, description="Longest a request may wait in the queue before a 503 with Retry-After."
     )
-    initial_limit: int = Field(
-        8, ge=1, description="Concurrency limit per upstream at start (or always, with the controller off)."
-    )
+
+
+class RoutingKnobs(BaseModel):
+    """Which upstream a request goes to when several serve its model."""
+
     routing: Literal["prefix", "least_loaded", "random"] = Field(
         "prefix",
         description="How a request picks among several upstreams that serve its model and have room: `prefix` "
@@ -298,27 +332,58 @@ class Settings(BaseSettings, ControllerKnobs):
         description="How long a served prefix is taken to stay in an upstream's cache (backends evict under "
         "memory pressure; a stale guess only costs one cache miss).",
     )
+    response_affinity_max: int = Field(
+        100_000,
+        ge=1,
+        description="Responses API ids remembered with the upstream that created them (previous_response_id, "
+        "GET/cancel by id reach that upstream); the oldest are forgotten first. About 150 bytes each.",
+    )
+    response_affinity_ttl_s: float = Field(
+        6 * 3600.0,
+        gt=0,
+        description="How long a response id is remembered (a backend keeps stored responses in memory, not for ever).",
+    )
+
+
+class ControlLoopKnobs(BaseModel):
+    """Whether the limit moves, by which algorithm, how often, and where it starts."""
+
+    control_enabled: bool = Field(True, description="Move the limit with the AIMD controller; off = static limit.")
+    control_interval_s: float = Field(2.0, gt=0, description="Controller tick period.")
+    algorithm: str | None = Field(
+        None,
+        description="Another limit algorithm in the AIMD controller's place. A built-in name, one of the schemes users "
+        "run today with its reference's published defaults: `static` (holds the limit the gateway starts at: the "
+        "sweep result's sweet spot, else initial_limit), `gie-threshold` (the Gateway API Inference Extension's "
+        "gate), `envoy-gradient` (Envoy's adaptive concurrency filter), `netflix-gradient2`, `netflix-vegas`, "
+        "`netflix-aimd` (Netflix concurrency-limits'); or `module:factory`, a callable taking no arguments that "
+        "returns a gateway.control.algorithm.LimitAlgorithm (one per upstream), imported at start-up as uvicorn "
+        "imports an app. It starts at its own limit and is ticked every control_interval_s (Envoy's pace is 0.1 s, "
+        "GIE's 0.05 s with metrics_interval_s 0.05); the limiter, the hard cap (given to it in each observation) "
+        "and limit_min/limit_max stay the gateway's. Unset: the built-in controller.",
+    )
     sweep_result: Path | None = Field(
         None, description="A `sweetspot sweep` JSON result: the controller starts at its sweet spot."
     )
+
+
+class HeadroomKnobs(BaseModel):
+    """Where the controller reads the backends' and GPUs' headroom, and the caps its limit never exceeds."""
+
+    metrics_interval_s: float = Field(
+        2.0, gt=0, description="How often each upstream's own /metrics (KV usage, waiting, preemptions) is scraped."
+    )
+    gpus: Annotated[list[int], NoDecode] = Field(
+        default_factory=list,
+        description="NVML indices of the GPUs whose headroom counts, e.g. 0,1. Empty: every GPU NVML sees.",
+    )
+    nvml_interval_s: float = Field(5.0, gt=0, description="How often GPU headroom is read from NVML.")
     backend_max_seqs: int | None = Field(
         None,
         ge=1,
         description="The backend's own cap on concurrently running requests (vLLM --max-num-seqs; llama-server's "
         "--parallel is read from /props). The hard cap on the limit never exceeds it; vLLM does not publish it, "
         "so set it for vLLM. With R gateway replicas in front of one server, keep limit_max x R within it.",
-    )
-    share_redis_url: str | None = Field(
-        None,
-        description="Redis URL (redis://host:6379/0) through which the gateway replicas in front of the same backends "
-        "share each upstream's demand and limit, so each takes its demand-weighted share (docs/deploy.md). Without "
-        "it, or while Redis is unreachable, each replica judges by the backend's metrics alone. Needs the [share] extra.",
-    )
-    share_ttl_s: float = Field(
-        10.0,
-        gt=0,
-        description="A replica's shared entry older than this is ignored (and removed): a replica that stopped "
-        "publishing, a pod gone, leaves the others' shares within this time.",
     )
     kv_capacity_tokens: int | None = Field(
         None,
@@ -327,22 +392,92 @@ class Settings(BaseSettings, ControllerKnobs):
         "hard cap (capacity / typical request size) when the backend's own metrics give none.",
     )
 
-    # --- controller (AIMD) -----------------------------------------------------------------------
-    control_enabled: bool = Field(True, description="Move the limit with the AIMD controller; off = static limit.")
-    control_interval_s: float = Field(2.0, gt=0, description="Controller tick period.")
-    algorithm: str | None = Field(
+
+class ReplicaKnobs(BaseModel):
+    """Gateway replicas in front of the same backends, sharing their demand and limits."""
+
+    share_redis_url: str | None = Field(
         None,
-        description="Another limit algorithm in the AIMD controller's place: `module:factory`, a callable taking no "
-        "arguments that returns a gateway.control.algorithm.LimitAlgorithm (one per upstream), imported at start-up "
-        "as uvicorn imports an app. It starts at its own limit and is ticked every control_interval_s; the "
-        "limiter, the hard cap (given to it in each observation) and limit_min/limit_max stay the gateway's. "
-        "Unset: the built-in controller. For comparing schemes (bench/baselines_real.py) or running your own.",
+        description="Redis URL (redis://host:6379/0) through which the gateway replicas in front of the same "
+        "backends share each upstream's demand and limit, so each takes its demand-weighted share (docs/deploy.md). "
+        "Without it, or while Redis is unreachable, each replica judges by the backend's metrics alone. Needs the "
+        "[share] extra.",
     )
-    gpus: Annotated[list[int], NoDecode] = Field(
-        default_factory=list,
-        description="NVML indices of the GPUs whose headroom counts, e.g. 0,1. Empty: every GPU NVML sees.",
+    share_ttl_s: float = Field(
+        10.0,
+        gt=0,
+        description="A replica's shared entry older than this is ignored (and removed): a replica that stopped "
+        "publishing, a pod gone, leaves the others' shares within this time.",
     )
-    nvml_interval_s: float = Field(5.0, gt=0, description="How often GPU headroom is read from NVML.")
+    share_namespace: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-]{1,64}$",
+        description="Prefix of the shared state's Redis keys: replicas share an upstream's demand and limit only "
+        "within one namespace. Unset: a hash of the upstreams (sorted), limit_min, limit_max and max_queue, so "
+        "replicas configured alike share and fleets configured differently never mix. Set it to keep apart two "
+        "fleets configured alike on one Redis (staging and production; a URL such as http://vllm:8000 naming "
+        "another server in each), or to keep sharing while a rollout changes the upstreams. Entries are checked "
+        "on reading (docs/gateway.md, 'Shared state'): one outside limit_min..limit_max, with a demand over "
+        "limit_max + max_queue, non-finite, dated ahead or under another id format is deleted and counted.",
+    )
+
+
+class LoggingKnobs(BaseModel):
+    """What the gateway writes about itself."""
+
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Least severe log record written; 'warning' drops the access log and limit changes."
+    )
+    log_format: Literal["json", "text"] = Field(
+        "json", description="json: one JSON object per line (for log collectors); text: for a person at a terminal."
+    )
+    access_log: bool = Field(True, description="One log line per answered request (logger sweetspot.access).")
+    event_loop_lag_interval_s: float = Field(
+        0.5,
+        gt=0,
+        description="How often the event loop's lag is measured (sweetspot_event_loop_lag_seconds).",
+    )
+
+
+#: The settings' sections by title, in the order ``sweetspot serve --help`` shows them (a help panel each).
+#: Every field of :class:`Settings` is declared in exactly one of them (a unit test holds it).
+SECTIONS: dict[str, type[BaseModel]] = {
+    "Listening and front door": ListeningKnobs,
+    "Upstreams": UpstreamKnobs,
+    "Upstream timeouts": TimeoutKnobs,
+    "Clients and keys": ClientKnobs,
+    "Tenants and priorities": TenantKnobs,
+    "Admission and queue": AdmissionKnobs,
+    "Routing": RoutingKnobs,
+    "Control loop": ControlLoopKnobs,
+    "Controller: limits, objectives, the knee search": ControllerKnobs,
+    "Headroom and hard caps": HeadroomKnobs,
+    "Replicas and shared state": ReplicaKnobs,
+    "Logging and metrics": LoggingKnobs,
+}
+
+
+class Settings(
+    BaseSettings,
+    ControllerKnobs,
+    ListeningKnobs,
+    UpstreamKnobs,
+    TimeoutKnobs,
+    ClientKnobs,
+    TenantKnobs,
+    AdmissionKnobs,
+    RoutingKnobs,
+    ControlLoopKnobs,
+    HeadroomKnobs,
+    ReplicaKnobs,
+    LoggingKnobs,
+):
+    """The gateway's configuration: every section's fields (:data:`SECTIONS`), and the checks that span
+    them. Field docs are the reference; ``sweetspot serve --help`` shows them. The controller's knobs
+    (limits, objectives, the knee search) come from :class:`~gateway.control.config.ControllerKnobs`,
+    where each is declared once."""
+
+    model_config = SettingsConfigDict(env_prefix="SWEETSPOT_", extra="ignore", validate_default=True)
 
     @field_validator("upstreams", "api_keys", "gpus", "passthrough_paths", "priority_classes", mode="before")
     @classmethod
@@ -357,9 +492,12 @@ class Settings(BaseSettings, ControllerKnobs):
     @field_validator("algorithm")
     @classmethod
     def _algorithm_form(cls, value: str | None) -> str | None:
-        """The form only; whether it imports is checked when the server starts (gateway.server.feedback.algorithm_path)."""
+        """A built-in name, or the form of an import path; whether the path imports is checked when the server
+        starts (gateway.server.feedback.algorithm_path)."""
         if value is None:
             return None
+        if value.strip() in BUILT_IN:
+            return value.strip()
         module, sep, attribute = value.strip().partition(":")
         if (
             not sep
@@ -368,7 +506,10 @@ class Settings(BaseSettings, ControllerKnobs):
             or ":" in attribute
             or not all(part.isidentifier() for part in (*module.split("."), *attribute.split(".")))
         ):
-            raise ValueError(f"{value!r} is not of the form 'module:factory' (e.g. 'mypackage.limits:MyLimit')")
+            raise ValueError(
+                f"{value!r} is neither a built-in algorithm ({', '.join(BUILT_IN)}) nor of the form "
+                "'module:factory' (e.g. 'mypackage.limits:MyLimit')"
+            )
         return value.strip()
 
     @model_validator(mode="after")
@@ -432,8 +573,19 @@ class Settings(BaseSettings, ControllerKnobs):
         return tuple(sources)
 
 
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: A flag's value that sets an optional setting to None (``--ttft-p99-slo-s none``), over env and TOML:
+#: among :func:`load_settings`' flags, None means "not given".
+UNSET: Final = _Unset()
+
+
 def load_settings(config: Path | None = None, **flags: Any) -> Settings:
-    """Build the settings from flags (``None`` values mean "not given"), env and an optional TOML file."""
+    """Build the settings from flags (``None`` values mean "not given", :data:`UNSET` sets None), env and
+    an optional TOML file."""
     import os
 
     if config is None and os.environ.get("SWEETSPOT_CONFIG"):
@@ -442,6 +594,7 @@ def load_settings(config: Path | None = None, **flags: Any) -> Settings:
         raise FileNotFoundError(f"config file not found: {config}")
     token = _TOML_FILE.set(config)
     try:
-        return Settings(**{key: value for key, value in flags.items() if value is not None})
+        given = {key: None if value is UNSET else value for key, value in flags.items() if value is not None}
+        return Settings(**given)
     finally:
         _TOML_FILE.reset(token)

@@ -1,5 +1,6 @@
-"""Limit algorithms that exist only to test the gateway's ``algorithm`` seam (``gateway/server/feedback/algorithm_path.py``):
-each does one thing a test can see from outside the gateway, through its state view."""
+"""Limit algorithms that exist only to test the gateway's ``algorithm`` seam
+(``gateway/server/feedback/algorithm_path.py``): each does one thing a test can see from outside the gateway,
+through its state view."""
 
 from __future__ import annotations
 

@@ -245,10 +245,11 @@ class Comparison:
     @property
     def paired(self) -> dict[str, float]:
         """Controller / static, round by round, the median over the rounds, for each static configuration. A
-        static run that delivered nothing (every request outside the objectives) counts as infinitely worse."""
+        static run that delivered nothing (every request outside the objectives) counts as infinitely worse.
+        Every configuration has one run per round (``rotated_rounds``), so the runs pair up."""
         mine = self.runs["controller"]
         return {
-            name: statistics.median(c / s if s > 0 else math.inf for c, s in zip(mine, values))
+            name: statistics.median(c / s if s > 0 else math.inf for c, s in zip(mine, values, strict=True))
             for name, values in self.runs.items()
             if name != "controller"
         }

@@ -18,10 +18,17 @@ Modes (``mode``, changeable while it runs):
 * ``status:<code>``: answer ``<code>`` with an OpenAI-shaped error body (the engine's own refusal).
 * ``proxy_status:<code>``: answer ``<code>`` with an HTML page, as a proxy in front of an engine does.
 * ``hang``: read the request, never answer.
+* ``delay:<seconds>``: answer like ``ok``, that many seconds after reading the request (a slow tokenizer).
 * ``stall``: answer a stream's headers and one token, then go silent.
 * ``no_token``: answer a stream's headers and a chunk with no token (the role only), then go silent.
 * ``linger``: answer a stream whole, ``[DONE]`` included, then hold its body open ``LINGER_S`` before ending
   it (a client that closes at ``[DONE]`` hangs up before the gateway sees the upstream's end).
+* ``slow_stream``: a stream of ``SLOW_TOKENS`` tokens (`` 0``, `` 1``, ...), one every ``SLOW_TOKEN_S``, then
+  its usage and ``[DONE]``: a long generation that never goes silent.
+* ``late_token:<s>``: a stream's headers at once, its first token after ``<s>`` seconds, then like ``ok``.
+* ``no_separator``: a stream's headers, then one event that never ends (``data: ...`` and no blank line),
+  ``NO_SEPARATOR_PIECE`` bytes at a time until the gateway hangs up or ``NO_SEPARATOR_MAX`` bytes went out
+  (``endless_sent`` counts them).
 """
 
 from __future__ import annotations
@@ -37,13 +44,19 @@ from contextlib import contextmanager
 MODEL = "fault-model"
 LINGER_S = 5.0
 CRASH_AFTER_S = 2.0
+SLOW_TOKENS = 8
+SLOW_TOKEN_S = 0.5
+NO_SEPARATOR_PIECE = 64 * 1024
+NO_SEPARATOR_MAX = 512 * 1024 * 1024
 
 
 class FaultUpstream:
     def __init__(self, mode: str = "ok") -> None:
         self.mode = mode
+        self.models_status = 200  # what GET /v1/models answers (401: a vLLM started with --api-key)
         self.deliveries = 0
         self.seen_headers: list[dict[str, str]] = []
+        self.endless_sent = 0  # bytes of the never-ending event sent (mode no_separator)
         self._lock = threading.Lock()
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -85,7 +98,7 @@ class FaultUpstream:
                     return  # a kept connection closed under the next request, which was never read
                 body = reader.read(int(headers.get("content-length", "0")))
                 if method == "GET":
-                    conn.sendall(_get_answer(path))
+                    conn.sendall(_get_answer(path, self.models_status))
                     served += 1
                     continue
                 with self._lock:
@@ -113,6 +126,8 @@ class FaultUpstream:
         if mode == "hang":
             self._stop.wait()
             return False
+        if mode.startswith("delay:"):
+            self._stop.wait(float(mode.split(":", 1)[1]))
         if mode.startswith("proxy_status:"):
             status = int(mode.split(":", 1)[1])
             page = f"<html><body><h1>{status} Service Temporarily Unavailable</h1></body></html>".encode()
@@ -138,11 +153,21 @@ class FaultUpstream:
                 conn.sendall(_chunk(_event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})))
                 self._stop.wait()
                 return False
-            conn.sendall(_chunk(_event({"choices": [{"index": 0, "delta": {"content": "hello"}}]})))
+            if mode == "no_separator":
+                self._endless_event(conn)
+                return False
+            if mode.startswith("late_token:") and self._stop.wait(float(mode.split(":", 1)[1])):
+                return False
+            tokens = SLOW_TOKENS if mode == "slow_stream" else 1
+            for index in range(tokens):
+                if index and self._stop.wait(SLOW_TOKEN_S):
+                    return False
+                content = f" {index}" if mode == "slow_stream" else "hello"
+                conn.sendall(_chunk(_event({"choices": [{"index": 0, "delta": {"content": content}}]})))
             if mode == "stall":
                 self._stop.wait()
                 return False
-            usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+            usage = {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens}
             conn.sendall(_chunk(_event({"choices": [], "usage": usage})) + _chunk(b"data: [DONE]\n\n"))
             if mode == "linger":
                 self._stop.wait(LINGER_S)
@@ -162,6 +187,16 @@ class FaultUpstream:
         conn.sendall(_response(200, body, "application/json"))
         return True
 
+    def _endless_event(self, conn: socket.socket) -> None:
+        """One event that never ends, sent until the gateway hangs up (an OSError ends the connection)."""
+        conn.sendall(_chunk(b'data: {"choices": [{"index": 0, "delta": {"content": "'))
+        piece = _chunk(b"x" * NO_SEPARATOR_PIECE)
+        while self.endless_sent < NO_SEPARATOR_MAX and not self._stop.is_set():
+            conn.sendall(piece)
+            with self._lock:
+                self.endless_sent += NO_SEPARATOR_PIECE
+        self._stop.wait()
+
 
 def _read_head(reader) -> tuple[str, str, dict[str, str]] | None:  # type: ignore[no-untyped-def]
     line = reader.readline()
@@ -175,7 +210,10 @@ def _read_head(reader) -> tuple[str, str, dict[str, str]] | None:  # type: ignor
     return method, path, headers
 
 
-def _get_answer(path: str) -> bytes:
+def _get_answer(path: str, models_status: int = 200) -> bytes:
+    if path.startswith("/v1/models") and models_status != 200:
+        error = {"error": {"message": "unauthorized", "type": "invalid_request_error", "param": None, "code": None}}
+        return _response(models_status, json.dumps(error).encode(), "application/json")
     if path.startswith("/v1/models"):
         return _response(
             200, json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode(), "application/json"

@@ -193,7 +193,7 @@ def start_all(start: Start, parallel: int = PARALLEL_STARTS) -> dict[str, Logged
             return f"{exc}\n--- vLLM's error lines ---\n{error_lines(str(exc))}"
 
     with ThreadPoolExecutor(parallel) as pool:
-        return dict(zip((case.name for case in CASES), pool.map(one, CASES)))
+        return dict(zip((case.name for case in CASES), pool.map(one, CASES), strict=True))
 
 
 def plan_command(config_json: Path, block_size: int) -> list[str]:

@@ -87,12 +87,18 @@ def plan(
     vllm_batches: str = typer.Option(
         "2",
         "--vllm-concurrent-batches",
-        help="Batches vLLM keeps in flight for its view: 2 with async scheduling (GPU default), 1 on the CPU build or with --no-async-scheduling.",
+        help=(
+            "Batches vLLM keeps in flight for its view: 2 with async scheduling (GPU default), 1 on the CPU build "
+            "or with --no-async-scheduling."
+        ),
     ),
     vllm_prefix_caching: bool = typer.Option(
         True,
         "--vllm-prefix-caching/--vllm-no-prefix-caching",
-        help="vLLM's prefix caching for its view (vllm serve's default: on; hybrids then reserve two state pages per request).",
+        help=(
+            "vLLM's prefix caching for its view (vllm serve's default: on; hybrids then reserve two state pages "
+            "per request)."
+        ),
     ),
     bandwidth_gbs: str | None = typer.Option(
         None, "--bandwidth-gbs", help="Memory bandwidth in GB/s for a decode-speed ceiling."
@@ -143,7 +149,7 @@ def plan(
             sliding_layers=count(sliding_layers, "--sliding-layers", 0),
             kv_dtype=kv_dtype,
             weight_quant=weight_quant,
-            weight_bytes=int(round(weights * GIB)) if weights is not None else None,
+            weight_bytes=round(weights * GIB) if weights is not None else None,
             experts=count(experts, "--experts"),
             experts_used=count(experts_used, "--experts-used"),
             seq_state_bytes=parse_bytes(seq_state) if seq_state else None,

@@ -10,7 +10,10 @@ numeric addresses) and freezes its start-up heap out of the garbage collector on
 
 A server given a ``drain`` coroutine drains on the first SIGTERM or SIGINT (:class:`DrainingServer`): it
 keeps serving while ``drain`` runs (the gateway answers new requests 503 and lets running ones finish),
-then shuts down and exits 0. A second signal stops it at once.
+then shuts down and exits 0. A second signal stops it at once, except in a supervised worker
+(``serve --workers``), which drains on the first SIGTERM or SIGINT whoever sends it and ignores more: the
+same stop reaches it twice (systemd signals every process of the unit, and the parent forwards its own
+signal too). Its parent says "stop at once" with SIGQUIT.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable
@@ -50,23 +54,40 @@ class DrainingServer(uvicorn.Server):
     """uvicorn's server, draining on the first SIGTERM/SIGINT before it shuts down (see the module docstring).
 
     The signal is not re-raised once the server has stopped (uvicorn's default), so a drained gateway
-    exits 0."""
+    exits 0. ``supervised`` (a worker of ``serve --workers``): a repeated SIGTERM/SIGINT is ignored, and
+    SIGQUIT (its parent's second signal) stops it at once."""
 
-    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]], *, supervised: bool = False
+    ) -> None:
         super().__init__(config)
         self._drain = drain
+        self._supervised = supervised
+        self._signalled = False
         self._draining: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        if self._supervised:
+            signal.signal(signal.SIGQUIT, self._stop_now)
         await super().serve(sockets=sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._draining is not None or self._loop is None or not self.started:
-            super().handle_exit(sig, frame)  # a second signal, or one during start-up: stop now
-            return
-        self._loop.call_soon_threadsafe(self._start_drain)
+        if self._loop is None or not self.started:
+            super().handle_exit(sig, frame)  # during start-up: nothing to drain, stop now
+        elif not self._signalled:
+            self._signalled = True
+            self._loop.call_soon_threadsafe(self._start_drain)
+        elif self._supervised:
+            self._loop.call_soon_threadsafe(log.info, "already draining: signal %d ignored", sig)
+        else:
+            super().handle_exit(sig, frame)  # a second signal: stop now
+
+    def _stop_now(self, sig: int, frame: FrameType | None) -> None:
+        """SIGQUIT from a worker's parent: shut down without waiting for running requests (exits by SIGTERM)."""
+        super().handle_exit(signal.SIGTERM, frame)
+        self.force_exit = True
 
     def _start_drain(self) -> None:
         if self._draining is None:
@@ -93,10 +114,12 @@ def serve_app(
     sock: socket.socket | None = None,
     ready: Callable[[], object] | None = None,
     logging_configured: bool = False,
+    supervised: bool = False,
 ) -> None:
     """Serve until SIGINT/SIGTERM, printing ``{name} listening on http://HOST:PORT`` once ready. ``http`` is
     uvicorn's protocol (a class, for the gateway's front door); ``drain`` runs on the first signal. A worker
-    passes its own listening ``sock`` and a ``ready`` hook instead: its parent announces the port.
+    passes its own listening ``sock`` and a ``ready`` hook instead: its parent announces the port; and it is
+    ``supervised``: its parent's signals govern its drain (:class:`DrainingServer`).
     ``logging_configured``: the caller set up the root logger, so uvicorn's own lines (start-up, shutdown,
     errors) go through it, in its format, instead of through uvicorn's plain-text handlers."""
     if sock is None:
@@ -114,7 +137,7 @@ def serve_app(
         timeout_graceful_shutdown=5,
         log_config=None if logging_configured else uvicorn.config.LOGGING_CONFIG,
     )
-    server = uvicorn.Server(config) if drain is None else DrainingServer(config, drain)
+    server = uvicorn.Server(config) if drain is None else DrainingServer(config, drain, supervised=supervised)
 
     async def main() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))

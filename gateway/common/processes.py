@@ -36,7 +36,7 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 #: The line ``sweetspot sim`` (and other servers of ours) print once they accept connections.
@@ -85,18 +85,17 @@ class RunningProcess:
 
     def _read(self) -> None:
         assert self.popen.stdout is not None
-        log = open(self.log_path, "ab", buffering=0) if self.log_path is not None else None
         try:
-            for raw in iter(self.popen.stdout.readline, b""):
-                if log is not None:
-                    log.write(raw)
-                with self._lock:
-                    self._lines.append(raw.decode("utf-8", "replace"))
-                    self._read_count += 1
-                    self._new_line.notify_all()
+            with ExitStack() as files:
+                log = files.enter_context(open(self.log_path, "ab", buffering=0)) if self.log_path is not None else None
+                for raw in iter(self.popen.stdout.readline, b""):
+                    if log is not None:
+                        log.write(raw)
+                    with self._lock:
+                        self._lines.append(raw.decode("utf-8", "replace"))
+                        self._read_count += 1
+                        self._new_line.notify_all()
         finally:
-            if log is not None:
-                log.close()
             with self._lock:
                 self._new_line.notify_all()
 
@@ -172,17 +171,13 @@ class RunningProcess:
 
 
 def _signal_group(pid: int, sig: int) -> None:
-    try:
+    with suppress(ProcessLookupError, PermissionError):  # the group has gone
         os.killpg(pid, sig)  # the child leads its own session, so its group id is its pid
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    try:
+    with suppress(OSError, AttributeError):  # not Linux: cleanup relies on the parent's own shutdown path
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: cleanup relies on the parent's own shutdown path
 
 
 def start_process(

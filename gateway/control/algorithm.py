@@ -104,7 +104,7 @@ class LimitAlgorithm(Protocol):
 @runtime_checkable
 class RequestObserver(Protocol):
     """An algorithm that also learns from each request as it ends, as Netflix's ``Limit.onSample`` and
-    Envoy's gradient controller do (the comparison baselines in ``testbed/baselines``). Whoever
+    Envoy's gradient controller do (the comparison baselines in ``gateway/control/baselines``). Whoever
     runs it calls ``on_request`` when a request ends and applies the limit it returns at once.
     ``inflight_at_start`` is the in-flight count just after this request was admitted (itself
     included), which is what Netflix's limiters hand their algorithm; ``inflight`` is the count now."""

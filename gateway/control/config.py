@@ -110,7 +110,8 @@ class ControllerKnobs(BaseModel):
         gt=0,
         le=1,
         description="The knee: the smallest limit whose throughput reaches this share of the best measured. "
-        "The last 3% of throughput costs roughly a third more concurrency (latency, KV) on a typical curve.",
+        "Near the top a curve is flat, so the last few percent of throughput cost much more concurrency "
+        "(latency, KV cache) than they are worth (docs/controller.md).",
     )
     knee_margin: float = Field(
         0.1,
@@ -136,8 +137,9 @@ class ControllerKnobs(BaseModel):
     measure_s: float = Field(
         6.0,
         gt=0,
-        description="One throughput reading lasts this long. 6 s of a busy LLM backend vary by ~2-3% (each "
-        "admitted prompt stalls the batch); the curve pools readings, a limit is moved only after three.",
+        description="One throughput reading lasts this long: long enough that the stalls of the batch each "
+        "admitted prompt's prefill causes average out (docs/controller.md measures what is left); the curve "
+        "pools readings, a limit is moved only after three.",
     )
     reprobe_s: float = Field(
         30.0,

@@ -47,7 +47,7 @@ def summary_table(summaries: Sequence[PhaseSummary], *, width: int = 120) -> Tab
         ("verdict", "left"),
     ]
     keep = [wide or name not in ("in\nband", "tok/s") for name, _ in columns]
-    for (name, justify), kept in zip(columns, keep):
+    for (name, justify), kept in zip(columns, keep, strict=True):
         if kept:
             table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for s in summaries:
@@ -64,7 +64,7 @@ def summary_table(summaries: Sequence[PhaseSummary], *, width: int = 120) -> Tab
             _n(s.tokens_per_s_median),
             verdict,
         ]
-        table.add_row(*(cell for cell, kept in zip(cells, keep) if kept))
+        table.add_row(*(cell for cell, kept in zip(cells, keep, strict=True) if kept))
     return table
 
 

@@ -82,7 +82,7 @@ def plot_timeline(
     for ax in (top, bottom):
         for start in starts[1:]:
             ax.axvline(start, color="0.3", linewidth=0.8, linestyle="-")
-    for summary, phase in zip(summaries, phases):
+    for summary, phase in zip(summaries, phases, strict=False):  # an interrupted demo summarised fewer phases
         label = phase.name + (f" ({phase.speed_factor:g}x slow)" if phase.speed_factor != 1.0 else "")
         top.annotate(
             label,

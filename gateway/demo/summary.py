@@ -149,7 +149,7 @@ def summarize(
     """Every phase that has samples (an interrupted demo summarises the phases it reached)."""
     out: list[PhaseSummary] = []
     previous: Sample | None = None
-    for index, (phase, reference) in enumerate(zip(phases, references)):
+    for index, (phase, reference) in enumerate(zip(phases, references, strict=True)):
         if not any(s.phase == index for s in samples):
             break
         out.append(summarize_phase(index, phase, samples, reference, previous))

@@ -130,8 +130,8 @@ def plan_capacity(
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
     if not math.isfinite(overhead_gb) or overhead_gb < 0:
         raise ValueError(f"--overhead-gb must be a finite number >= 0, got {overhead_gb}")
-    gpu_bytes = int(round(gpu_gb * GIB))
-    overhead_bytes = int(round(overhead_gb * GIB))
+    gpu_bytes = round(gpu_gb * GIB)
+    overhead_bytes = round(overhead_gb * GIB)
     budget = int(gpu_bytes * util)
     weights = shape.resolved_weight_bytes
     return CapacityPlan(
@@ -152,7 +152,7 @@ def plan_fixed_kv(shape: ModelShape, kv_cache_gb: float) -> CapacityPlan:
     vLLM sizes its cache from ``--kv-cache-memory-bytes`` or ``VLLM_CPU_KVCACHE_SPACE``."""
     if not math.isfinite(kv_cache_gb) or kv_cache_gb <= 0:
         raise ValueError(f"--kv-cache-gb must be a positive finite number, got {kv_cache_gb}")
-    kv_bytes = int(round(kv_cache_gb * GIB))
+    kv_bytes = round(kv_cache_gb * GIB)
     try:
         weights = shape.resolved_weight_bytes
     except ValueError:

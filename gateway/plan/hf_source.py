@@ -157,7 +157,7 @@ def _shape(reader: ConfigReader, name: str) -> ModelShape:
         )
 
     experts, used = experts_of(reader)
-    tied, tie_note = tied_embeddings(reader)
+    _, tie_note = tied_embeddings(reader)  # count_params reads the tying itself
     if tie_note:
         assumptions.append(tie_note)
     try:

@@ -140,7 +140,7 @@ def build_report(
     first = plans[0]
     specs = layer_specs(shape)
     gpus = []
-    for gb, plan in zip(rows, plans):
+    for gb, plan in zip(rows, plans, strict=True):
         batched = _vllm_batched_tokens(gb, max_num_batched_tokens)
         gpus.append(
             {
@@ -203,7 +203,7 @@ def build_report(
     if bandwidth_gbs is not None and first.weight_bytes:
         single = {str(ctx): decode_bound(first, bandwidth_gbs, ctx, 1).tokens_per_s for ctx in contexts}
         batches = []
-        for gb, plan in zip(rows, plans):
+        for gb, plan in zip(rows, plans, strict=True):
             for ctx in contexts:
                 n = plan.max_sequences(ctx, block_tokens) if plan.fits else 0
                 if n <= 0:

@@ -168,7 +168,7 @@ def parse_finite(text: str, flag: str, minimum: float = 0.0, inclusive: bool = F
 
 def parse_bytes(text: str) -> int:
     """Sizes: ``62.8125MiB``, ``1.5GiB``, ``65863680``; GB/MB are read as GiB/MiB."""
-    return int(round(_parse(text, _BYTE_SCALE, "a size in bytes")))
+    return round(_parse(text, _BYTE_SCALE, "a size in bytes"))
 
 
 def split_list(values: list[str] | None) -> list[str]:

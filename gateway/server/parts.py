@@ -37,7 +37,10 @@ class Gateway:
     def __post_init__(self) -> None:
         settings = self.settings
         self.responses = ResponseAffinity(
-            max_entries=settings.response_affinity_max, ttl_s=settings.response_affinity_ttl_s, clock=self.clock
+            max_entries=settings.response_affinity_max,
+            ttl_s=settings.response_affinity_ttl_s,
+            owned=self.tenants.requires_key,  # with client keys, a stored response is its tenant's only
+            clock=self.clock,
         )
         self.admin_keys = KeyRing([(settings.admin_api_key, True)] if settings.admin_api_key else [])
 
@@ -70,6 +73,7 @@ class Gateway:
         queue = AdmissionQueue(
             upstreams,
             max_queue=settings.max_queue,
+            max_queued_bytes=settings.max_queued_bytes,
             clock=clock,
             choose=None if router is None else router.choose,
             classes=len(settings.priority_classes),

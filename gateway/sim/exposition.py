@@ -134,7 +134,7 @@ class VllmMetrics:
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         success = Counter(
-            "vllm:request_success", "Count of successfully processed requests.", names + ["finished_reason"], registry=r
+            "vllm:request_success", "Count of successfully processed requests.", [*names, "finished_reason"], registry=r
         )
         self.success = {reason: success.labels(*lv, reason) for reason in FINISH_REASONS}
         self.req_prompt_tokens = hist(

@@ -205,7 +205,7 @@ def create_sim_app(config: SimConfig) -> FastAPI:
     def relevance(query: str, document: str) -> float:
         """A cross-encoder's score, faked deterministically: the cosine of the two texts' embeddings."""
         a, b = text.embedding(query, profile.embedding_dim), text.embedding(document, profile.embedding_dim)
-        return sum(x * y for x, y in zip(a, b))
+        return sum(x * y for x, y in zip(a, b, strict=True))
 
     @app.post("/v1/rerank")
     async def rerank(request: Request) -> Response:

@@ -99,9 +99,8 @@ def predict_closed_loop(
                 if warm_left == 0:
                     t0 = t
                     preempt_start = engine.num_preemptions
-            elif t0 is not None and done_count[client] > warmup_requests:
-                if engine.seq(sid).arrival >= t0:
-                    finished_in_window.append(sid)
+            elif t0 is not None and done_count[client] > warmup_requests and engine.seq(sid).arrival >= t0:
+                finished_in_window.append(sid)
             if done_count[client] == target:
                 all_left -= 1
                 if all_left == 0:
@@ -153,5 +152,5 @@ def _quantile(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
     ordered = sorted(xs)
-    k = max(0, min(len(ordered) - 1, int(round(q * len(ordered) + 0.5)) - 1))
+    k = max(0, min(len(ordered) - 1, round(q * len(ordered) + 0.5) - 1))
     return ordered[k]

@@ -3,7 +3,7 @@
 A profile is everything the engine needs to behave like one model on one GPU: the step-time
 model (how long one continuous-batching step takes) and the memory shape (how many KV-cache
 blocks fit). The memory side is *derived* from a model/GPU shape rather than typed in, so the
-capacity planner (``gateway/plan.py``) can recompute it from the same fields and a test can
+capacity planner (``gateway/plan/``) can recompute it from the same fields and a test can
 check that both agree.
 
 Memory arithmetic (all sizes in GiB = 2**30 bytes; vLLM's own profiling does the same):

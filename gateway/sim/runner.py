@@ -12,6 +12,7 @@ counts it: the simulator then honestly delivers less than the model predicts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -87,10 +88,8 @@ class EngineRunner:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
 
     # ------------------------------------------------------------- requests
     def submit(

@@ -152,7 +152,7 @@ def chat_token_ids(messages: list[dict[str, Any]]) -> list[int]:
         role = zlib.crc32(str(m.get("role", "")).encode("utf-8"))
         ids += [_TEMPLATE_ID, _TEMPLATE_ID + 1 + role, _TEMPLATE_ID, _TEMPLATE_ID + 1]
         ids += text_token_ids(message_text(m.get("content")))
-    return ids + [_TEMPLATE_ID, _TEMPLATE_ID + 2, _TEMPLATE_ID]
+    return [*ids, _TEMPLATE_ID, _TEMPLATE_ID + 2, _TEMPLATE_ID]
 
 
 def block_hashes(token_ids: list[int], block_size: int) -> tuple[int, ...]:

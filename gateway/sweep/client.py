@@ -1,7 +1,8 @@
 """One streamed OpenAI request, timed the way ``vllm bench serve`` times it.
 
-aiohttp rather than httpx: at ~1,300 SSE chunks/s on a 2-core box the load generator must stay far
-from being the bottleneck, and aiohttp's C-accelerated reader costs several times less CPU per chunk.
+aiohttp rather than httpx: the load generator must stay far from being the bottleneck at the chunk rates
+a sweep drives, on the same small machine as the server, and aiohttp's C-accelerated reader spends far less
+CPU per request (``python -m bench.upstream_client`` compares them; the README has the figures).
 
 Timing (all ``time.perf_counter()``): the clock starts just before the POST; every SSE data message
 whose first choice carries generated text (``delta.content``, ``delta.reasoning_content`` /
@@ -19,6 +20,7 @@ say so on the record (``usage_reported=False``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -132,7 +134,7 @@ class RequestRecord:
     @property
     def itl(self) -> list[float]:
         times = self.chunk_times
-        return [b - a for a, b in zip(times, times[1:])]
+        return [b - a for a, b in itertools.pairwise(times)]
 
 
 class SSEDecoder:

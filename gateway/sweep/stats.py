@@ -84,7 +84,7 @@ def level_metrics(
     timed_out: bool = False,
 ) -> LevelMetrics:
     """Compute one level's metrics from *all* its records (warm-up and drain included; the window
-    decides what counts). ``slo_met`` is left True here; :func:`gateway.sweep.finder.check_slo` judges."""
+    decides what counts). ``slo_met`` is left True here; :func:`gateway.sweep.finder.judge` judges."""
     duration = max(window_end - window_start, 1e-9)
     measured = [r for r in records if window_start <= r.start < window_end]
     ok = [r for r in measured if r.ok]

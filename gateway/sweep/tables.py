@@ -145,13 +145,13 @@ def plot(result: SweepResult, path: str | Path) -> Path:
     )
     missed = [(lv.concurrency, lv.output_tokens_per_s) for lv in levels if not lv.slo_met]
     if missed:
-        top.plot(*zip(*missed), "x", color="tab:red", ms=10, mew=2, label="SLO missed")
+        top.plot(*zip(*missed, strict=True), "x", color="tab:red", ms=10, mew=2, label="SLO missed")
     top.set_ylabel("output tokens/s")
     top.set_title(f"{result.server.model} @ {result.server.url}")
     for name, color, key in (("p99 TTFT", "tab:orange", "ttft_ms"), ("p99 TPOT", "tab:purple", "tpot_ms")):
         points = [(lv.concurrency, getattr(lv, key).p99) for lv in levels if getattr(lv, key).p99]
         if points:
-            bottom.plot(*zip(*points), "o-", color=color, label=name)
+            bottom.plot(*zip(*points, strict=True), "o-", color=color, label=name)
         limit = getattr(result.settings.slo, key)
         if limit is not None:
             bottom.axhline(limit, color=color, ls="--", lw=1, label=f"{name} SLO {limit:g} ms")

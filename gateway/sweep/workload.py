@@ -143,11 +143,11 @@ class LengthDist:
         elif self.kind == "uniform":
             value = float(rng.integers(int(self.a), int(self.b) + 1))
         elif self.kind == "normal":
-            value = rng.normal(self.a, self.b)
+            value = float(rng.normal(self.a, self.b))  # a Python float: round() gives an int
         else:  # lognormal parameterised by the mean and std of the lengths, not of their logarithm
             sigma2 = math.log1p((self.b / self.a) ** 2)
-            value = rng.lognormal(math.log(self.a) - sigma2 / 2, math.sqrt(sigma2))
-        return max(1, int(round(value)))
+            value = float(rng.lognormal(math.log(self.a) - sigma2 / 2, math.sqrt(sigma2)))
+        return max(1, round(value))
 
     @property
     def mean(self) -> float:
@@ -157,14 +157,14 @@ class LengthDist:
     def shortest(self) -> int:
         """The shortest a draw can be (1 for normal and lognormal, whose draws are clamped there)."""
         if self.kind == "fixed":
-            return max(1, int(round(self.a)))
+            return max(1, round(self.a))
         return max(1, int(self.a)) if self.kind == "uniform" else 1
 
     @property
     def longest(self) -> int | None:
         """The longest a draw can be; None for normal and lognormal, whose draws have no bound."""
         if self.kind == "fixed":
-            return max(1, int(round(self.a)))
+            return max(1, round(self.a))
         return int(self.b) if self.kind == "uniform" else None
 
     def describe(self) -> str:

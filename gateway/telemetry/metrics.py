@@ -1,7 +1,7 @@
 """Every Prometheus metric the gateway exports, defined in one place.
 
 Names are part of the public contract (dashboards and alert rules in ``deploy/`` query them), so they
-change only with a note in the changelog. All are prefixed ``sweetspot_``; per-backend series carry an
+change only with a note in ``CHANGELOG.md``. All are prefixed ``sweetspot_``; per-backend series carry an
 ``upstream`` label holding the upstream's base URL as configured.
 
 Each :func:`create_app` builds its own :class:`GatewayMetrics` on its own registry, so several gateways
@@ -331,6 +331,21 @@ class GatewayMetrics:
             "Upper bound on the limit from the upstream's real capacity (slots, --max-num-seqs, KV capacity); "
             "absent when unknown.",
             ["upstream"],
+            registry=r,
+        )
+        self.controller_tick_errors = Counter(
+            "sweetspot_controller_tick_errors",
+            "Control ticks of the upstream that raised (its limit held for that tick; the other upstreams ticked).",
+            ["upstream"],
+            registry=r,
+        )
+        self.share_board_rejected = Counter(
+            "sweetspot_share_board_rejected_entries",
+            "Entries of the replicas' shared state (Redis) rejected and deleted, by reason: replica_id (not "
+            "host:pid), malformed (not three numbers, or the key not a hash), not_finite (nan, inf), out_of_range "
+            "(negative, limit outside limit_min..limit_max, demand over limit_max + max_queue), future (dated "
+            "ahead of this replica's clock by more than the allowed skew).",
+            ["upstream", "reason"],
             registry=r,
         )
 

@@ -12,6 +12,7 @@ Indices are NVML's (PCI bus order), which is not necessarily CUDA's order under 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any, Protocol, cast
@@ -77,7 +78,7 @@ class NvmlSource:
             self._nvml.nvmlInit()
         except ImportError as exc:
             return self._fail(f"pynvml is not installed ({exc})")
-        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: all mean "unknown"
+        except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded...: all mean "unknown"
             return self._fail(f"NVML unavailable: {_describe(exc)}")
         self._ready = True
         self._failed_reads = 0
@@ -98,7 +99,7 @@ class NvmlSource:
         assert nvml is not None  # set by _init
         try:
             count = int(nvml.nvmlDeviceGetCount())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - NVML's errors (or a broken binding's) read as "unknown"
             self.reason = f"cannot count GPUs: {_describe(exc)}"
             return []
         wanted = self.indices or tuple(range(count))
@@ -118,18 +119,18 @@ class NvmlSource:
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - one unreadable GPU is skipped, never an error
             log.debug("GPU %d unreadable: %s", index, _describe(exc))
             return None
         utilization: float | None
         try:
             utilization = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0
-        except Exception:  # NotSupported on some boards and in MIG mode
+        except Exception:  # noqa: BLE001 - NotSupported on some boards and in MIG mode: unknown
             utilization = None
         try:
             name = nvml.nvmlDeviceGetName(handle)
             name = name.decode() if isinstance(name, bytes) else str(name)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a name is cosmetic: unknown is ""
             name = ""
         return GpuHeadroom(
             index=index,
@@ -141,10 +142,8 @@ class NvmlSource:
 
     def close(self) -> None:
         if self._ready and self._nvml is not None:
-            try:
+            with contextlib.suppress(Exception):  # shutting down: an NVML error changes nothing
                 self._nvml.nvmlShutdown()
-            except Exception:
-                pass
         self._ready = False
 
 

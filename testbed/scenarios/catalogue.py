@@ -376,15 +376,18 @@ def _shares(limits: list[float], demands: tuple[int, ...]) -> list[tuple[int, fl
 
 def _absorbed(per_gateway: list[list[tuple[float, int]]], demands: tuple[int, ...], start: float) -> float | None:
     """Seconds from ``start`` to the first tick from which every gateway is within ``FAIR_SHARE`` of its
-    share in at least ``IN_BAND_SHARE`` of the remaining ticks (and at that tick)."""
+    share in at least ``IN_BAND_SHARE`` of the remaining ticks (and at that tick).
+
+    The gateways tick at staggered offsets, so one may have a tick fewer in the phase: the ticks pair up round
+    by round and an incomplete last round is left out (``strict=False``)."""
     fair = [
         all(
             abs(limit - share) <= FAIR_SHARE * share
             for _, limit, share in _shares([float(limit) for _, limit in ticks], demands)
         )
-        for ticks in zip(*per_gateway)
+        for ticks in zip(*per_gateway, strict=False)
     ]
-    times = [ticks[0][0] for ticks in zip(*per_gateway)]
+    times = [ticks[0][0] for ticks in zip(*per_gateway, strict=False)]
     for i, t in enumerate(times):
         rest = fair[i:]
         if fair[i] and sum(rest) >= IN_BAND_SHARE * len(rest):
@@ -458,10 +461,11 @@ def _judge(
     per_gateway = [
         [(t, limit) for t, limit in harness.trace.limits(g) if start < t <= end] for g in range(len(harness.gateways))
     ]
-    # The summed limit of the gateways that have clients: an idle one's limit holds nothing back.
+    # The summed limit of the gateways that have clients: an idle one's limit holds nothing back. The gateways
+    # tick at staggered offsets, so one may have a tick fewer in the phase: an incomplete last round is left out.
     demands = phase.conditions.clients
     active = [ticks for g, ticks in enumerate(per_gateway) if demands[g] > 0] or per_gateway
-    total = [(ticks[0][0], sum(limit for _, limit in ticks)) for ticks in zip(*active)]
+    total = [(ticks[0][0], sum(limit for _, limit in ticks)) for ticks in zip(*active, strict=False)]
     converged = _convergence(total, start, band) if the_oracle is not None else None
     settled_from = start + (converged if converged is not None else CONVERGE_S)
     settled_values = [limit for t, limit in total if t >= settled_from]

@@ -12,10 +12,10 @@ import asyncio
 import openai
 import pytest
 
+from gateway.common.processes import free_port
 from gateway.sim.profiles import QWEN36_35B_A3B_32GB
 from gateway.telemetry.backends import BackendScraper
 from testbed.gateway import start_sim
-from testbed.llama import free_port
 
 OUTPUT_TOKENS = 400
 

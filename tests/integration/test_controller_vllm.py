@@ -5,10 +5,10 @@ how, and why the prompts are 512 words and the answers' lengths spread).
 
 The controller must see static 2C preempt in the same test, settle at or below what the gateway's hard cap
 lets run (``Budget.fits``: 12, the requests out of step with room for three spreads of their KV), see at most
-one preemption a minute while judged, and deliver at least 0.9x each static limit's goodput (within a TTFT objective of 4 s,
-``OBJECTIVES`` says why, and the gateway's TPOT objective), the median of round-by-round ratios over rotated
-rounds. ``bench/controller_vllm.py`` runs
-the same comparison longer, for whole answers too, and writes the figures docs/vllm.md shows.
+one preemption a minute while judged, and deliver at least 0.9x each static limit's goodput (within a TTFT
+objective of 4 s, ``OBJECTIVES`` says why, and the gateway's TPOT objective), the median of round-by-round ratios
+over rotated rounds. ``bench/controller_vllm.py`` runs the same comparison longer, for whole answers too, and
+writes the figures docs/vllm.md shows.
 
 One vLLM for the module and three gateways: 60 s to converge, then three rounds of three 14-second runs, vLLM
 idle between runs, the requests in flight at the end of a run let finish (their tokens inside the run count

@@ -8,6 +8,7 @@ child process outlives it, whether it ends normally or by Ctrl-C.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -37,10 +38,8 @@ def _alive(pid: int) -> bool:
 def _children(pid: int) -> set[int]:
     found: set[int] = set()
     for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
+        with contextlib.suppress(OSError):  # the thread has exited
             found |= {int(p) for p in (task / "children").read_text().split()}
-        except OSError:
-            pass
     return found
 
 

@@ -1,6 +1,7 @@
-"""``sweetspot serve --algorithm module:factory`` (``SWEETSPOT_ALGORITHM``) as a user runs it: a bad path ends the
-command with exit 2 and one line before anything listens; a good one runs in the controller's place in front
-of the real simulator, hears of every request as it ends, and the threshold gate opens and holds as GIE's does.
+"""``sweetspot serve --algorithm module:factory`` or a built-in name (``SWEETSPOT_ALGORITHM``) as a user runs it: a
+bad path or name ends the command with exit 2 and one line before anything listens; a good one runs in the
+controller's place in front of the real simulator, hears of every request as it ends, the threshold gate opens and
+holds as GIE's does, and ``--algorithm static`` holds the limit the gateway starts at.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ GATE = {"SWEETSPOT_CONTROL_INTERVAL_S": "0.05", "SWEETSPOT_METRICS_INTERVAL_S": 
 @pytest.mark.parametrize(
     ("value", "why"),
     [
-        ("nomodule", "is not of the form 'module:factory'"),
+        ("nomodule", "nor of the form 'module:factory'"),
+        ("vegas", "neither a built-in algorithm (static, gie-threshold, envoy-gradient"),
         ("testbed.nothing_here:Gate", "cannot import 'testbed.nothing_here'"),
         ("gateway.control.baselines.threshold:NoGate", "has no attribute 'NoGate'"),
         ("gateway.control.baselines.static:StaticLimit", "calling it with no arguments failed"),
@@ -94,6 +96,22 @@ def test_every_request_end_reaches_the_algorithm_and_its_limit_holds(processes) 
     # 8 clients against a limit of 3: never more than 3 in flight, and the end listener sees the count after.
     assert seen["max_inflight_at_start"] == 3 and seen["max_inflight_after"] == 2
     assert state["limit"] == 3
+
+
+def test_a_built_in_name_runs_in_the_controllers_place(processes) -> None:
+    """``--algorithm static`` (a flag, as a user types it): the limit the gateway starts at, held under demand,
+    with the control loop's state view and decision counts."""
+    sim = start_sim(processes, time_scale=8.0).url
+    gw = start_gateway(
+        processes, [sim], "--algorithm", "static", "--initial-limit", "5", env={"SWEETSPOT_CONTROL_INTERVAL_S": "0.2"}
+    ).url
+    model = openai.OpenAI(base_url=f"{sim}/v1", api_key="x").models.list().data[0].id
+    assert load(gw, model, clients=8, seconds=2)
+    state = get_json(f"{gw}/state")["upstreams"][0]
+    assert state["limit"] == 5 and state["controller"]["algorithm"] == {"algorithm": "static", "limit": 5}
+    assert state["controller"]["ticks"] >= 3
+    held = metric_value(f"{gw}/metrics", "sweetspot_controller_decisions_total", {"upstream": sim, "action": "hold"})
+    assert held is not None and held >= 3
 
 
 def test_the_threshold_gate_opens_for_demand_and_shuts_on_the_backends_queue(processes) -> None:

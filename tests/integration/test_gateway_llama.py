@@ -23,9 +23,9 @@ import httpx
 import openai
 import pytest
 
-from gateway.common.processes import RunningProcess
+from gateway.common.processes import RunningProcess, free_port
 from testbed.gateway import assert_openai_error, get, get_json, metric_value, start_gateway, wait_for
-from testbed.llama import MODEL, free_port, llama_config, start_llama_server
+from testbed.llama import MODEL, llama_config, start_llama_server
 
 SLOTS = 4
 EMBED_MODEL = "tiny-embed"
@@ -385,7 +385,7 @@ def test_requests_while_llama_server_loads_are_retried_by_the_sdk_until_it_serve
         processes, [config.base_url], "--no-control", "--initial-limit", "1", env=FAST_HEALTH, ready=False
     ).url
     server = start_llama_server(processes, config, ready=False)
-    status, body = wait_for(
+    _, body = wait_for(  # the status is 503: the condition waited for it
         lambda: (r := get_quietly(f"{config.base_url}/health")) and r[0] == 503 and r,
         60,
         "llama-server answering 503 while it loads",

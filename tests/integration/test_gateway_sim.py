@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -132,7 +133,8 @@ def test_request_id_is_echoed_and_generated(gateway, sim) -> None:
     body = json.dumps({"model": model_of(sim), "messages": CHAT, "max_tokens": 2}).encode()
     status, headers, payload = raw_post(f"{gateway}/v1/chat/completions", body, {"x-request-id": "req-42"})
     assert status == 200 and headers.get("x-request-id") == "req-42"
-    assert payload["id"] == "chatcmpl-req-42"  # the backend (vLLM's convention) saw the same id
+    # The backend (vLLM's convention: chatcmpl-<X-Request-Id>) saw the gateway's own id, never the client's.
+    assert re.fullmatch(r"chatcmpl-[0-9a-f]{32}", payload["id"]), payload["id"]
     status, headers, _ = raw_post(f"{gateway}/v1/chat/completions", body)
     assert status == 200 and len(headers.get("x-request-id", "")) >= 16
 
@@ -229,18 +231,6 @@ def test_full_queue_gives_429_that_the_sdk_retries_after_retry_after(processes, 
     assert metric_value(f"{gw}/metrics", "sweetspot_rejections_total", {"reason": "queue_full"}) >= 2
 
 
-def test_queue_timeout_gives_503_with_retry_after(processes, sim) -> None:
-    gw = start_gateway(processes, [sim], "--initial-limit", "1", "--queue-timeout-s", "0.3", "--no-control").url
-    model = model_of(sim)
-    holder = _hold_slot(gw, model, tokens=1500)
-    _wait_inflight(gw, 1)
-    body = json.dumps({"model": model, "messages": CHAT, "max_tokens": 2}).encode()
-    status, headers, payload = raw_post(f"{gw}/v1/chat/completions", body)
-    assert status == 503 and headers["x-sweetspot-reason"] == "queue_timeout" and int(headers["retry-after"]) >= 1
-    assert assert_openai_error(payload)["code"] == "queue_timeout"
-    holder.join(30)
-
-
 def test_client_gone_while_queued_never_reaches_the_upstream(processes) -> None:
     sim = start_sim(processes, time_scale=10.0).url
     gw = start_gateway(processes, [sim], "--initial-limit", "1", "--no-control").url
@@ -286,7 +276,7 @@ def test_client_gone_while_sending_its_body_never_reaches_the_upstream(processes
     host, port = gw.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as conn:
         conn.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Content-Length: 4000\r\n\r\n" + b'{"model": "m", "messages": [' + b" " * 500
         )
         time.sleep(0.2)  # the gateway is reading the body now
@@ -356,119 +346,6 @@ def test_upstream_killed_mid_stream_gives_an_error_event(processes) -> None:
     )
 
 
-def test_dead_upstream_fails_over_to_a_healthy_one(processes) -> None:
-    alive = start_sim(processes, time_scale=10.0).url
-    doomed_proc = start_sim(processes, time_scale=10.0)
-    doomed = doomed_proc.url
-    gw = start_gateway(processes, [doomed, alive], "--initial-limit", "4", "--no-control").url
-    doomed_proc.stop()
-    model = model_of(alive)
-    for _ in range(4):  # whichever upstream is picked first, every request succeeds
-        reply = client(gw, max_retries=0).chat.completions.create(model=model, messages=CHAT, max_tokens=2)
-        assert reply.choices[0].message.content
-    deadline = time.monotonic() + 10
-    # /readyz names upstreams by their public names, in the order given: the doomed one is the first
-    while get_json(f"{gw}/readyz")["upstreams"]["upstream-1"]["healthy"] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not get_json(f"{gw}/readyz")["upstreams"]["upstream-1"]["healthy"]
-
-
-def set_scenario(sim_url: str, **knobs: object) -> None:
-    request = urllib.request.Request(
-        f"{sim_url}/admin/scenario",
-        data=json.dumps(knobs).encode(),
-        method="POST",
-        headers={"content-type": "application/json"},
-    )
-    urllib.request.urlopen(request, timeout=10).close()
-
-
-def test_an_upstream_503_before_any_byte_fails_over_to_another_upstream(processes) -> None:
-    """Contract: a 503 ("not now": the upstream did not run it) -> one retry on another healthy upstream; the
-    failing upstream's window learns of the error (the controller's congestion signal) and the retry is counted."""
-    alive = start_sim(processes, time_scale=10.0).url
-    failing = start_sim(processes, "--admin", time_scale=10.0).url
-    set_scenario(failing, error_rate=1.0, error_status=503)
-    gw = start_gateway(processes, [failing, alive], "--initial-limit", "4", "--no-control").url
-    model = model_of(alive)
-    for _ in range(6):  # the dispatcher picks the failing one first at least once (both have 4 free permits)
-        reply = client(gw, max_retries=0).chat.completions.create(model=model, messages=CHAT, max_tokens=2)
-        assert reply.choices[0].message.content
-        stream = client(gw, max_retries=0).chat.completions.create(
-            model=model, messages=CHAT, max_tokens=2, stream=True
-        )
-        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    failed = metric_value(
-        f"{gw}/metrics", "sweetspot_upstream_requests_total", {"upstream": failing, "outcome": "upstream_error"}
-    )
-    assert failed is not None and failed >= 1
-    assert (
-        metric_value(f"{gw}/metrics", "sweetspot_upstream_retries_total", {"upstream": failing, "reason": "failover"})
-        == failed
-    )
-    assert all(u["inflight"] == 0 for u in get_json(f"{gw}/state")["upstreams"])
-
-
-def test_an_upstream_500_is_not_sent_anywhere_else(processes) -> None:
-    """A 500 says the upstream took the request and failed it, perhaps after generating: sending it to another
-    upstream could run it twice. The client gets the upstream's answer; nothing fails over."""
-    alive = start_sim(processes, time_scale=10.0).url
-    failing = start_sim(processes, "--admin", time_scale=10.0).url
-    set_scenario(failing, error_rate=1.0, error_status=500)
-    gw = start_gateway(processes, [failing, alive], "--initial-limit", "4", "--no-control").url
-    model = model_of(alive)
-    statuses = [
-        raw_post(f"{gw}/v1/chat/completions", json.dumps({"model": model, "messages": CHAT, "max_tokens": 2}).encode())[
-            0
-        ]
-        for _ in range(8)
-    ]
-    assert 500 in statuses and set(statuses) <= {200, 500}
-    assert metric_value(
-        f"{gw}/metrics", "sweetspot_upstream_retries_total", {"upstream": failing, "reason": "failover"}
-    ) in (None, 0.0)
-    assert all(u["inflight"] == 0 for u in get_json(f"{gw}/state")["upstreams"])
-
-
-@pytest.mark.parametrize("status", [500, 503])
-def test_the_last_upstreams_own_5xx_reaches_the_client_in_its_shape(processes, status: int) -> None:
-    """With nowhere to fail over to, an upstream's OpenAI-shaped error is passed on with its status; a 503
-    ("try again soon", e.g. a model loading) always carries Retry-After, so the SDK waits before retrying."""
-    sim_url = start_sim(processes, "--admin", time_scale=10.0).url
-    gw = start_gateway(processes, [sim_url], "--initial-limit", "4", "--no-control").url
-    model = model_of(sim_url)
-    set_scenario(sim_url, error_rate=1.0, error_status=status)
-    answer, headers, payload = raw_post(
-        f"{gw}/v1/chat/completions", json.dumps({"model": model, "messages": CHAT}).encode()
-    )
-    assert answer == status
-    assert "injected failure" in assert_openai_error(payload)["message"]
-    assert headers.get("retry-after") == ("1" if status == 503 else None)
-    assert get_json(f"{gw}/state")["upstreams"][0]["inflight"] == 0
-
-
-def test_readyz_stays_ready_without_a_healthy_upstream_and_requests_get_503(processes) -> None:
-    """Readiness is the gateway's own: with every upstream down it still answers, and must, so clients get
-    a 503 with Retry-After rather than a Service with no endpoints. The body says the pool is down."""
-    sim_proc = start_sim(processes, time_scale=10.0)
-    gw = start_gateway(processes, [sim_proc.url], "--no-control").url
-    model = model_of(sim_proc.url)
-    assert get_json(f"{gw}/readyz")["any_upstream_healthy"] is True
-    sim_proc.stop()
-    deadline = time.monotonic() + 10
-    while get_json(f"{gw}/readyz")["any_upstream_healthy"] and time.monotonic() < deadline:
-        time.sleep(0.2)
-    with urllib.request.urlopen(f"{gw}/readyz", timeout=5) as reply:
-        assert reply.status == 200
-        readiness = json.loads(reply.read())
-    assert readiness["ready"] is True and readiness["any_upstream_healthy"] is False
-    assert readiness["upstreams"]["upstream-1"]["healthy"] is False
-    body = json.dumps({"model": model, "messages": CHAT}).encode()
-    status, headers, payload = raw_post(f"{gw}/v1/chat/completions", body)
-    assert status == 503 and headers["x-sweetspot-reason"] == "no_upstream"
-    assert_openai_error(payload)
-
-
 # --- bad input -----------------------------------------------------------------------------------
 
 BAD_INPUTS = [
@@ -502,14 +379,6 @@ def test_bad_input_gets_openai_shaped_errors(gateway, sim, body, status, code, p
 def test_unknown_route_is_an_openai_404(gateway) -> None:
     status, _, payload = raw_post(f"{gateway}/v1/nothing-here", b"{}")
     assert status == 404 and assert_openai_error(payload)["code"] == "unknown_route"
-
-
-def test_oversized_body_is_413(processes, sim) -> None:
-    gw = start_gateway(processes, [sim], "--no-control", env={"SWEETSPOT_MAX_BODY_BYTES": "2048"}).url
-    body = json.dumps({"model": model_of(sim), "messages": [{"role": "user", "content": "x" * 5000}]}).encode()
-    status, headers, payload = raw_post(f"{gw}/v1/chat/completions", body)
-    assert status == 413 and headers["x-sweetspot-reason"] == "body_too_large"
-    assert_openai_error(payload)
 
 
 def test_client_api_keys(processes, sim) -> None:

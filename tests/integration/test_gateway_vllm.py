@@ -428,10 +428,51 @@ async def test_limit_never_exceeds_the_hard_cap_from_vllms_kv_blocks(module_proc
         await asyncio.gather(*clients, watcher)
     footprint = get_json(f"{gateway}/state")["upstreams"][0]["window"]
     expected = (KV_BLOCKS * BLOCK) // (footprint["mean_prompt_tokens"] + footprint["mean_output_tokens"])
-    known = [(cap, limit) for cap, limit in zip(caps, limits) if cap > 0]
+    known = [(cap, limit) for cap, limit in zip(caps, limits, strict=True) if cap > 0]
     assert known, f"no hard cap ever published (caps {caps[:10]})"
     assert known[-1][0] == expected, (known[-1], footprint)
     assert expected < MAX_NUM_SEQS  # the KV budget, not --limit-max, is what binds here
     over = [(cap, limit) for cap, limit in known if limit > cap]
     assert not over, f"limit above the hard cap: {over[:5]}"
     print(f"hard cap {expected} (KV {KV_BLOCKS * BLOCK} tokens / footprint); limits seen {sorted(set(limits))}")
+
+
+async def test_the_limit_counts_sequences_not_requests(module_processes, config, vllm) -> None:
+    """With a static limit of 4, chats asking for n=4 answers and completions carrying 2 and 4 prompts never run
+    more than 4 sequences on vLLM at once (vLLM's own ``vllm:num_requests_running``), and an 8-prompt batch is
+    refused with a 400 that names the largest request the gateway admits."""
+    gw = start_gateway(module_processes, [config.base_url], "--no-control", "--initial-limit", "4", env=FAST).url
+    client = openai.AsyncOpenAI(base_url=f"{gw}/v1", api_key="unused", max_retries=0, timeout=120)
+    long_answers = {"max_tokens": 24, "extra_body": {"ignore_eos": True}}
+    running: list[float] = []
+    done = asyncio.Event()
+
+    async def watch() -> None:
+        while not done.is_set():
+            running.append(await asyncio.to_thread(vllm_metric, config.base_url, "vllm:num_requests_running"))
+            await asyncio.sleep(0.02)
+
+    async def chat() -> None:
+        answer = await client.chat.completions.create(model=MODEL, messages=CHAT, n=4, **long_answers)
+        assert len(answer.choices) == 4
+
+    async def batch(prompts: int, n: int = 1) -> None:
+        answer = await client.completions.create(
+            model=MODEL, prompt=[f"Prompt {i}:" for i in range(prompts)], n=n, **long_answers
+        )
+        assert len(answer.choices) == prompts * n
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.gather(
+            *[chat() for _ in range(4)], *[batch(2, n=2) for _ in range(4)], *[batch(4) for _ in range(4)]
+        )
+    finally:
+        done.set()
+        await watcher
+    assert max(running) <= 4, f"vLLM ran {max(running):g} sequences at once under a limit of 4"
+    assert max(running) >= 3, f"the load never reached the limit ({max(running):g}): the test proved nothing"
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.completions.create(model=MODEL, prompt=[f"Prompt {i}:" for i in range(8)], max_tokens=4)
+    assert "at most 4" in str(refused.value)
+    assert upstream_state(gw, config.base_url)["inflight"] == 0

@@ -18,8 +18,9 @@ import aiohttp
 import openai
 import pytest
 
+from gateway.common.processes import free_port
 from gateway.telemetry.backends import BackendScraper
-from testbed.llama import MODEL, free_port, llama_config, start_llama_server
+from testbed.llama import MODEL, llama_config, start_llama_server
 
 SLOTS = 4
 CTX_PER_SLOT = 512

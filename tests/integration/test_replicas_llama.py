@@ -54,7 +54,10 @@ async def load_all(gateways: list[str], seconds: float) -> tuple[list[list[tuple
     samples: list[list[tuple[float, int]]] = [[] for _ in gateways]
     for client in clients:
         await client.__aenter__()
-    pools = [ClosedLoopPool(client, RequestFactory(WORKLOAD), concurrency=n) for client, n in zip(clients, CLIENTS)]
+    pools = [
+        ClosedLoopPool(client, RequestFactory(WORKLOAD), concurrency=n)
+        for client, n in zip(clients, CLIENTS, strict=True)
+    ]
     try:
         for pool in pools:
             pool.start()
@@ -79,7 +82,7 @@ def unfair(medians: list[float]) -> list[str]:
     shares = [total * n / sum(CLIENTS) for n in CLIENTS]
     return [
         f"gateway {g}: {median} against a share of {share:.2f}"
-        for g, (median, share) in enumerate(zip(medians, shares))
+        for g, (median, share) in enumerate(zip(medians, shares, strict=True))
         if abs(median - share) > FAIR_SHARE * share
     ]
 
@@ -99,7 +102,7 @@ async def test_three_gateways_share_the_slots_of_one_llama_server(processes) -> 
     samples, failed, completed = await load_all(gateways, RUN_S)
 
     settled = [[limit for t, limit in series if t >= SETTLED_AFTER_S] for series in samples]
-    sums = [sum(limits) for limits in zip(*settled)]
+    sums = [sum(limits) for limits in zip(*settled, strict=True)]
     medians = [statistics.median(limits) for limits in settled]
     report = f"limits over time {samples}; summed after {SETTLED_AFTER_S} s {sums}; medians {medians}"
     print(report)

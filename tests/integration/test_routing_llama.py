@@ -112,7 +112,7 @@ def test_prefix_routing_sends_each_turn_back_to_the_server_holding_its_history(m
     replies_ll = converse(least, "second run")
     later_ll = follow_ups(replies_ll)
     assert [served(least, url) for url in urls] == [2 * TURNS, 0]  # every turn to the first idle server
-    for previous_prompt, reused, prefilled in later_ll:
+    for previous_prompt, reused, _ in later_ll:
         assert reused < previous_prompt / 4, later_ll  # the other conversation had taken the slot
     prefilled_prefix = sum(p for *_, p in later)
     prefilled_least = sum(p for *_, p in later_ll)

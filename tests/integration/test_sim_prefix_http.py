@@ -43,7 +43,7 @@ def test_a_conversation_hits_the_prefix_cache_on_its_next_turn(processes) -> Non
     first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]
     prompt = chat(sim.url, first)["usage"]["prompt_tokens"]
     assert counters(sim.url) == (prompt, 0)
-    second = first + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "and?"}]
+    second = [*first, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "and?"}]
     prompt2 = chat(sim.url, second)["usage"]["prompt_tokens"]
     queries, hits = counters(sim.url)
     assert queries == prompt + prompt2

@@ -1,7 +1,7 @@
 """A sweep of a real llama-server through the gateway agrees with a sweep of it direct (issue 6: within 10% on
 peak tokens/s): the gateway adds queueing, never a throughput cost of its own.
 
-Both sweeps use the project's sweep (``gateway.sweep.run_sweep``, the metric definitions of ``vllm bench
+Both sweeps use the project's sweep (``gateway.sweep.driver.run_sweep``, the metric definitions of ``vllm bench
 serve``), against one llama-server (4 slots, one thread: see ``test_controller_llama.py`` for why), with a
 ``--no-control`` gateway whose limit is above every level, so the gateway only proxies. The two sweeps are
 measured level by level in alternation (direct then gateway, then the other way round at the next level, and
@@ -60,7 +60,8 @@ async def test_peak_tokens_per_second_direct_and_through_the_gateway_agree(targe
     peaks = {name: max(curve.values()) for name, curve in curves.items()}
     report = (
         f"tokens/s per level and round {measured}; medians {curves}; "
-        f"peaks { ({n: round(p, 1) for n, p in peaks.items()}) }, gateway/direct {peaks['gateway'] / peaks['direct']:.3f}"
+        f"peaks { ({n: round(p, 1) for n, p in peaks.items()}) }, "
+        f"gateway/direct {peaks['gateway'] / peaks['direct']:.3f}"
     )
     print(report)
     assert not failures, failures

@@ -67,7 +67,8 @@ async def test_sweep_finds_the_calibrated_sweet_spot_and_matches_the_model(sim: 
         report.append((level.concurrency, round(measured), round(predicted.tokens_per_s)))
         assert measured == pytest.approx(predicted.tokens_per_s, rel=0.15), (
             f"concurrency {level.concurrency}: measured {measured:.0f} tok/s (sim time), model says "
-            f"{predicted.tokens_per_s:.0f}; all levels (concurrency, measured, predicted): {report}\n{sim.output()[-2000:]}"
+            f"{predicted.tokens_per_s:.0f}; all levels (concurrency, measured, predicted): {report}\n"
+            f"{sim.output()[-2000:]}"
         )
 
     kinds = [e.kind for e in events]

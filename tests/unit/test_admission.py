@@ -239,3 +239,67 @@ async def test_a_closed_queue_refuses_the_waiting_and_the_next() -> None:
     assert queue.depth == 0
     queue.release(held)
     assert queue.targets["a"].limiter.inflight == 0
+
+
+async def test_a_request_holds_one_slot_per_sequence() -> None:
+    queue = make(limit=4)
+    wide = await queue.acquire(timeout_s=1, slots=3)
+    limiter = queue.targets["a"].limiter
+    assert limiter.inflight == 3 and limiter.free == 1
+    narrow = await queue.acquire(timeout_s=1)
+    assert limiter.inflight == 4
+    queue.release(wide)
+    assert limiter.inflight == 1
+    queue.release(wide)  # idempotent: the slots go back once
+    queue.release(narrow)
+    assert limiter.inflight == 0
+
+
+async def test_a_wide_request_waits_for_its_room_and_narrower_ones_behind_it_wait_too() -> None:
+    """Two narrow requests run on a limit of 4; a request of 3 sequences waits for room. A narrow request
+    arriving after it would fit in the free slots, but taking them would starve the wide one: it waits
+    behind it, and the wide one runs first when a slot frees."""
+    queue = make(limit=4)
+    limiter = queue.targets["a"].limiter
+    first, second = await queue.acquire(timeout_s=1), await queue.acquire(timeout_s=1)
+    order: list[str] = []
+
+    async def run(name: str, slots: int) -> None:
+        permit = await queue.acquire(timeout_s=5, slots=slots)
+        order.append(name)
+        await asyncio.sleep(0)
+        queue.release(permit)
+
+    wide = asyncio.create_task(run("wide", 3))
+    await asyncio.sleep(0)
+    late = asyncio.create_task(run("narrow", 1))
+    await asyncio.sleep(0)
+    assert order == [] and queue.depth == 2 and limiter.inflight == 2  # two slots free, and both wait
+    queue.release(first)
+    await asyncio.gather(wide, late)
+    queue.release(second)
+    assert order == ["wide", "narrow"] and limiter.inflight == 0
+
+
+async def test_a_request_wider_than_the_limit_holds_nothing_back() -> None:
+    """Wider than the limit itself: it cannot run until the limit grows, and nobody waits for it."""
+    queue = make(limit=2)
+    waiting = asyncio.create_task(queue.acquire(timeout_s=5, slots=3))
+    await asyncio.sleep(0)
+    narrow = await asyncio.wait_for(queue.acquire(timeout_s=1), 1)
+    queue.release(narrow)
+    queue.targets["a"].limiter.set_limit(3)
+    queue.dispatch()  # as the control loop does after raising a limit
+    permit = await asyncio.wait_for(waiting, 1)
+    assert permit.slots == 3 and queue.targets["a"].limiter.inflight == 3
+    queue.release(permit)
+
+
+async def test_a_failover_takes_as_many_slots_as_the_request() -> None:
+    queue = AdmissionQueue(targets(a=4, b=4), max_queue=10, clock=FakeClock())
+    first = await queue.acquire(timeout_s=1, eligible=["a"], slots=2)
+    other = queue.try_acquire(["b"], slots=2)
+    assert other is not None and other.slots == 2 and queue.targets["b"].limiter.inflight == 2
+    assert queue.try_acquire(["b"], slots=3) is None
+    queue.release(first)
+    queue.release(other)

@@ -1,28 +1,44 @@
-"""The ``algorithm`` setting: another limit algorithm in the controller's place, named by an import path.
+"""The ``algorithm`` setting: another limit algorithm in the controller's place, by a built-in name or an import
+path.
 
-What it must hold to: a bad path is one clear error before the gateway starts; the algorithm's limit reaches
-the limiter within the gateway's bounds; and an algorithm that learns per request (the threshold gate) hears
-of each request as it ends *before* its permit is handed on, so a shut gate stays shut, as its docstring
-requires. The control loop runs against a real HTTP server publishing vLLM's metrics on loopback.
+What it must hold to: a bad path or an unknown name is one clear error before the gateway starts; every
+built-in name builds its baseline with its reference's defaults (``static``: the limit the gateway starts
+at); the algorithm's limit reaches the limiter within the gateway's bounds; and an algorithm that learns per
+request (the threshold gate) hears of each request as it ends *before* its permit is handed on, so a shut
+gate stays shut, as its docstring requires. The control loop runs against a real HTTP server publishing
+vLLM's metrics on loopback.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from aiohttp import web
 from pydantic import ValidationError
 
-from gateway.control.baselines.threshold import ThresholdGate
-from gateway.control.window import Outcome, RequestSample
+from gateway.control.algorithm import Action, RequestObserver
+from gateway.control.baselines import (
+    BUILT_IN,
+    AimdLatencyLimit,
+    EnvoyGradient,
+    Gradient2Limit,
+    StaticLimit,
+    ThresholdGate,
+    VegasLimit,
+)
+from gateway.control.observation import Headroom, LimiterState, Observation, observe
+from gateway.control.window import Outcome, RequestSample, SlidingWindow
 from gateway.server.admission.admission_queue import AdmissionQueue, Limiter
 from gateway.server.feedback.algorithm_path import load_factory
 from gateway.server.feedback.control_loop import ControlLoop
 from gateway.server.parts import Gateway
 from gateway.settings import Settings
+from gateway.sweep.result import save_sweep_result
 from testbed.loopback import serving
+from tests.unit.test_start_points import sweep
 
 THRESHOLD = "gateway.control.baselines.threshold:ThresholdGate"
 
@@ -67,13 +83,85 @@ def test_an_unusable_path_says_what_is_wrong_when_imported(path: str, why: str) 
 def test_a_factory_that_builds_no_algorithm_says_so_when_called(path: str, why: str) -> None:
     factory = load_factory(path)
     with pytest.raises(ValueError, match=why):
-        factory()
+        factory(8)
 
 
 def test_a_good_path_builds_a_fresh_algorithm_per_call() -> None:
     factory = load_factory(THRESHOLD)
-    first, second = factory(), factory()
+    first, second = factory(8), factory(8)
     assert isinstance(first, ThresholdGate) and isinstance(second, ThresholdGate) and first is not second
+
+
+# --- the built-in names ---------------------------------------------------------------------------------
+def observation(now: float) -> Observation:
+    return observe(now, SlidingWindow(10.0).stats(now), LimiterState(8, 4, 4, 2), Headroom())
+
+
+@pytest.mark.parametrize("name", sorted(BUILT_IN))
+def test_every_built_in_name_builds_a_limit_algorithm_that_steps(name: str) -> None:
+    """Through the setting and the loader, as the gateway does; each a fresh one, stepping on an observation."""
+    factory = load_factory(Settings(algorithm=f" {name} ").algorithm or "")
+    algorithm, other = factory(12), factory(12)
+    assert algorithm is not other and isinstance(algorithm.limit, int)
+    decision = algorithm.step(observation(1.0))
+    assert decision.limit == algorithm.limit and isinstance(algorithm.state(), dict)
+    if isinstance(algorithm, RequestObserver):
+        assert isinstance(algorithm.on_request(1.5, ended(1.5), 4, 3), int)
+
+
+def test_the_built_ins_are_the_baselines_with_their_published_defaults() -> None:
+    built = {name: load_factory(name)(12) for name in BUILT_IN}
+    assert {name: type(a) for name, a in built.items()} == {
+        "static": StaticLimit,
+        "gie-threshold": ThresholdGate,
+        "envoy-gradient": EnvoyGradient,
+        "netflix-gradient2": Gradient2Limit,
+        "netflix-vegas": VegasLimit,
+        "netflix-aimd": AimdLatencyLimit,
+    }
+    # Only static takes the gateway's starting limit; the others start where their references say.
+    assert {name: a.limit for name, a in built.items()} == {
+        "static": 12,
+        "gie-threshold": 0,
+        "envoy-gradient": 3,
+        "netflix-gradient2": 20,
+        "netflix-vegas": 20,
+        "netflix-aimd": 20,
+    }
+
+
+def test_the_settings_description_names_every_built_in() -> None:
+    """The description is the flag's help, the variable's and the TOML key's documentation."""
+    description = Settings.model_fields["algorithm"].description or ""
+    assert [name for name in BUILT_IN if f"`{name}`" not in description] == []
+
+
+@pytest.mark.parametrize("value", ["vegas", "Static", "netflix_vegas"])
+def test_an_unknown_name_lists_the_built_ins(value: str) -> None:
+    with pytest.raises(ValidationError, match=r"neither a built-in algorithm \(static, gie-threshold"):
+        Settings(algorithm=value)
+    with pytest.raises(ValueError, match="neither a built-in"):
+        load_factory(value)
+
+
+@pytest.mark.parametrize(("swept", "held"), [(False, 40), (True, 32)])
+async def test_static_holds_the_limit_the_gateway_starts_at(backend, tmp_path: Path, swept: bool, held: int) -> None:
+    """Without a sweep result, initial_limit (within limit_max); with one, its sweet spot for the upstream:
+    what ``--no-control`` holds, with the control loop's decisions, metrics and state view."""
+    _, url = backend
+    result = save_sweep_result(sweep(url), tmp_path / "sweep.json") if swept else None
+    settings = Settings(upstreams=[url], algorithm="static", initial_limit=300, limit_max=40, sweep_result=result)
+    gateway = Gateway.build(settings)
+    try:
+        loop = ControlLoop.build(gateway)
+        upstream = gateway.pool.by_name[url]
+        assert upstream.limiter.limit == held
+        for now in (1.0, 3.0):
+            decision = loop.tick_one(upstream, loop.controls[url], now)
+            assert (decision.limit, decision.action) == (held, Action.HOLD) and upstream.limiter.limit == held
+        assert loop.controls[url].state()["algorithm"] == {"algorithm": "static", "limit": held}
+    finally:
+        await gateway.client.close()
 
 
 # --- a request's end reaches the limiter before its permit is handed on --------------------------------

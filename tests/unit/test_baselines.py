@@ -1,4 +1,4 @@
-"""Each comparison baseline reacts as its reference says (testbed/baselines, bench/baselines.py).
+"""Each comparison baseline reacts as its reference says (gateway/control/baselines, bench/baselines.py).
 
 The benchmark's verdict is only as good as its baselines: a Vegas that never grows or an Envoy that never
 re-measures its minRTT would lose by construction. So each rule of each reference is driven here with
@@ -262,7 +262,7 @@ def envoy_after_min_rtt(min_rtt: float = 1.0) -> EnvoyGradient:
     """A controller started at t = -10 whose first minRTT window ends at t = ``min_rtt``."""
     envoy = EnvoyGradient(jitter=0.0, now=-10.0)
     assert envoy.limit == 3 and envoy.in_min_rtt_window
-    for i in range(49):
+    for _ in range(49):
         assert envoy.on_request(min_rtt, sample(min_rtt, at=0.0), 3, 2) == 3
     assert envoy.in_min_rtt_window
     envoy.on_request(min_rtt, sample(min_rtt, at=0.0), 3, 2)

@@ -8,6 +8,7 @@ cumulative token count, exactly as in the gateway.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -150,7 +151,7 @@ def test_failures_halve_the_limit_and_recovery_doubles_back_once_clean() -> None
     storm = drive.run(20, completed=40, upstream_errors=20)
     cut = [d for d in storm if d.action is Action.DECREASE]
     assert cut and cut[0].reason is Reason.UPSTREAM_ERRORS and cut[0].limit == before // 2
-    assert all(b.now - a.now >= CONFIG.window_s for a, b in zip(cut, cut[1:]))  # one cut per window
+    assert all(b.now - a.now >= CONFIG.window_s for a, b in itertools.pairwise(cut))  # one cut per window
     assert drive.aimd.limit <= before // 2
     drive.run(30)
     assert drive.aimd.limit >= before - 1
@@ -164,7 +165,7 @@ def test_a_headroom_breach_cuts_once_per_window_and_leaves_a_ceiling() -> None:
     cuts = [d for d in decisions if d.action is Action.DECREASE]
     # KV usage runs with the sequences: cut to where it would be back at kv_usage_resume
     assert cuts[0].reason is Reason.KV_USAGE and cuts[0].limit == int(before * CONFIG.kv_usage_resume / 0.97)
-    assert all(b.now - a.now >= CONFIG.window_s for a, b in zip(cuts, cuts[1:]))
+    assert all(b.now - a.now >= CONFIG.window_s for a, b in itertools.pairwise(cuts))
     assert all(d.reason in (Reason.KV_USAGE, Reason.COOLDOWN) for d in decisions[1:])
     assert drive.aimd.state()["ceiling"] < before  # the congested limits are not retried for a while
 
@@ -325,15 +326,15 @@ class PrefillDrive(Drive):
 
     def run(self, seconds: float, interval: float = 2.0, **fields: object) -> list[Decision]:
         out = []
+        steady = self.rate  # restored after every step, so the same for all of them
+
+        def rate(inflight: int) -> float:
+            if self.now - self._raised_at < self.dip_s:
+                return self.dip * steady(self._before)
+            return steady(inflight)
+
         for _ in range(round(seconds / interval)):
             limit_before = self.aimd.limit
-            steady = self.rate
-
-            def rate(inflight: int) -> float:
-                if self.now - self._raised_at < self.dip_s:
-                    return self.dip * steady(self._before)
-                return steady(inflight)
-
             self.rate = rate
             try:
                 out += super().run(interval, interval, **fields)
@@ -366,7 +367,7 @@ def test_a_down_probe_takes_one_step_where_the_knee_estimate_rests_on_a_first_re
     decisions = drive.run(200, interval=0.5, hard_cap=32)
     downs = [
         (before.limit, after.limit)
-        for before, after in zip(decisions, decisions[1:])
+        for before, after in itertools.pairwise(decisions)
         if after.reason is Reason.PROBE and after.action is Action.DECREASE
     ]
     assert len(downs) >= 2

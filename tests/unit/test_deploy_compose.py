@@ -37,9 +37,10 @@ _VAR = re.compile(
 
 
 def vllm_flags(args: list[str]) -> dict[str, str]:
-    """``vllm serve``'s ``--flag value`` pairs (the model is positional, first, and not one of them)."""
+    """``vllm serve``'s ``--flag value`` pairs (the model is positional, first, and not one of them). Every
+    flag these files pass takes a value: a bare one would shift the pairs, so an odd count fails here."""
     pairs = args[1:] if args and not str(args[0]).startswith("--") else args
-    return dict(zip(pairs[::2], pairs[1::2]))
+    return dict(zip(pairs[::2], pairs[1::2], strict=True))
 
 
 def read_env_example() -> dict[str, str]:
@@ -63,7 +64,7 @@ def read_env_example() -> dict[str, str]:
 
 
 # Credentials the file refuses to default (``${VAR:?message}``): the tests supply a stand-in.
-SECRETS = {"GRAFANA_ADMIN_PASSWORD": "a-test-only-password"}
+SECRETS = {"GRAFANA_ADMIN_PASSWORD": "a-test-only-password", "SWEETSPOT_ADMIN_API_KEY": "a-test-only-admin-key"}
 
 
 class RequiredVariableUnset(AssertionError):
@@ -213,11 +214,14 @@ def test_every_variable_is_documented_in_env_example_with_the_same_default(
 
 
 def test_credentials_have_no_default(raw: dict[str, Any], env_example: dict[str, str]) -> None:
-    """Grafana's admin password must be chosen: neither the file nor .env.example as shipped starts the stack."""
+    """Grafana's admin password and the gateway's admin key must be chosen: neither the file nor .env.example as
+    shipped starts the stack, whichever of them is missing."""
     assert required_variables(raw) == set(SECRETS)
-    for env in ({}, env_example):
-        with pytest.raises(RequiredVariableUnset, match="GRAFANA_ADMIN_PASSWORD"):
-            interpolate(raw, env)
+    for name in SECRETS:
+        others = {key: value for key, value in SECRETS.items() if key != name}
+        for env in (others, {**env_example, **others}):
+            with pytest.raises(RequiredVariableUnset, match=name):
+                interpolate(raw, env)
     grafana = interpolate(raw, {**env_example, **SECRETS})["services"]["grafana"]["environment"]
     assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == SECRETS["GRAFANA_ADMIN_PASSWORD"]
     assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false" and grafana["GF_USERS_ALLOW_SIGN_UP"] == "false"
@@ -361,7 +365,7 @@ def test_gateway_gets_read_only_gpu_access_for_nvml_and_vllm_gets_the_gpu(compos
 def test_vllm_options_come_from_the_environment_file(raw: dict[str, Any]) -> None:
     command = raw["services"]["vllm"]["command"]
     assert command[0].startswith("${MODEL"), "the model is vllm serve's positional argument, from $MODEL"
-    options = dict(zip(command[1::2], command[2::2]))
+    options = dict(zip(command[1::2], command[2::2], strict=True))  # every flag takes a value
     for flag, var in (
         ("--max-model-len", "MAX_MODEL_LEN"),
         ("--gpu-memory-utilization", "GPU_MEMORY_UTILIZATION"),
@@ -461,6 +465,49 @@ def test_grafana_provisioning_resolves(compose: dict[str, Any]) -> None:
     dashboard = json.loads((ROOT / "deploy/grafana/dashboards/sweetspot.json").read_text())
     (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "datasource"]
     assert variable["query"] == source["type"]
+
+
+def test_metrics_and_state_need_the_admin_key_which_prometheus_sends(
+    compose: dict[str, Any], raw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/metrics and /state show the upstreams' URLs and the gateway's inner state: every gateway service requires
+    the admin key, and Prometheus' scrape of the gateway sends the same key, from a compose secret made of the
+    same variable, as its bearer token."""
+    for name, svc in gateway_services(raw).items():
+        assert svc["environment"]["SWEETSPOT_ADMIN_API_KEY"].startswith("${SWEETSPOT_ADMIN_API_KEY:?"), name
+    for name, svc in gateway_services(compose).items():
+        env = {k: str(v) for k, v in svc["environment"].items() if k.startswith("SWEETSPOT_")}
+        for key in [f"SWEETSPOT_{field.upper()}" for field in Settings.model_fields]:
+            monkeypatch.delenv(key, raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        assert Settings().admin_api_key == SECRETS["SWEETSPOT_ADMIN_API_KEY"], name
+    (secret_name,) = compose["services"]["prometheus"]["secrets"]
+    assert compose["secrets"][secret_name] == {"environment": "SWEETSPOT_ADMIN_API_KEY"}
+    config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    auth = jobs["sweetspot"]["authorization"]
+    assert auth.get("type", "Bearer") == "Bearer"
+    assert auth["credentials_file"] == f"/run/secrets/{secret_name}"  # where compose mounts a service's secret
+    assert "credentials" not in auth, "the key comes from the secret, never written in the file"
+    assert "authorization" not in jobs["vllm"], "vLLM's /metrics is the vllm service's: it takes no gateway key"
+
+
+def test_the_gateway_container_is_locked_down(compose: dict[str, Any]) -> None:
+    """Read-only root with a writable /tmp, no capabilities, no privilege gain, a memory bound: the gateway needs
+    nothing more, and a compromised process gets nothing more."""
+    for name, svc in gateway_services(compose).items():
+        assert svc["read_only"] is True, name
+        tmpfs = [svc["tmpfs"]] if isinstance(svc["tmpfs"], str) else svc["tmpfs"]
+        assert [t.split(":")[0] for t in tmpfs] == ["/tmp"], name
+        assert svc["cap_drop"] == ["ALL"] and not svc.get("cap_add"), name
+        assert "no-new-privileges:true" in svc["security_opt"], name
+        assert not svc.get("privileged"), name
+        limit = str(svc["mem_limit"]).lower()
+        m = re.fullmatch(r"(\d+)([kmg]?)b?", limit)
+        assert m, f"{name}: mem_limit {limit!r}"
+        size = int(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group(2)]
+        assert 256 * 2**20 <= size <= 4 * 2**30, f"{name}: mem_limit {limit} is no sensible bound"
 
 
 def test_the_stop_grace_period_outlasts_the_drain(compose: dict[str, Any]) -> None:

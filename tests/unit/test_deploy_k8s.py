@@ -11,6 +11,7 @@ rejecting any other (a typo there would be silently pruned by the API server).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,23 @@ SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
                             "scrapeTimeout": _DURATION,
                             "honorLabels": {"type": "boolean"},
                             "honorTimestamps": {"type": "boolean"},
+                            "authorization": {  # SafeAuthorization: the credentials come from a Secret
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {
+                                    "type": {"type": "string"},
+                                    "credentials": {
+                                        "type": "object",
+                                        "additionalProperties": False,
+                                        "required": ["key"],
+                                        "properties": {
+                                            "name": {"type": "string"},
+                                            "key": {"type": "string"},
+                                            "optional": {"type": "boolean"},
+                                        },
+                                    },
+                                },
+                            },
                             "relabelings": {"type": "array", "items": _RELABEL},
                             "metricRelabelings": {"type": "array", "items": _RELABEL},
                         },
@@ -140,9 +158,10 @@ SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
 
 
 def vllm_flags(args: list[str]) -> dict[str, str]:
-    """``vllm serve``'s ``--flag value`` pairs (the model is positional, first, and not one of them)."""
+    """``vllm serve``'s ``--flag value`` pairs (the model is positional, first, and not one of them). Every
+    flag these files pass takes a value: a bare one would shift the pairs, so an odd count fails here."""
     pairs = args[1:] if args and not str(args[0]).startswith("--") else args
-    return dict(zip(pairs[::2], pairs[1::2]))
+    return dict(zip(pairs[::2], pairs[1::2], strict=True))
 
 
 def documents() -> list[tuple[str, dict[str, Any]]]:
@@ -347,9 +366,50 @@ def test_gateway_pods_run_unprivileged_with_a_writable_tmp() -> None:
     pod = one("Deployment", "sweetspot")["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 10001  # the Dockerfile's user
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     container = pod["containers"][0]
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    context = container["securityContext"]
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"]["drop"] == ["ALL"] and not context["capabilities"].get("add")
+    assert not context.get("privileged")
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp"}
+    # a memory bound (what a leak may take before the kubelet restarts the pod) above what it asks for
+    limits, requests = container["resources"]["limits"], container["resources"]["requests"]
+    assert _bytes(limits["memory"]) >= _bytes(requests["memory"]) > 0
+
+
+def _bytes(quantity: str) -> int:
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|k|M|G)?", quantity)
+    assert m, quantity
+    units = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 10**3, "M": 10**6, "G": 10**9}
+    return int(m.group(1)) * units[m.group(2)]
+
+
+ADMIN_SECRET = ("sweetspot-admin", "admin-api-key")
+
+
+def test_metrics_and_state_need_the_admin_key_which_the_service_monitor_sends() -> None:
+    """/metrics and /state show the upstreams' URLs and the gateway's inner state: the gateway requires its admin
+    key from a Secret (not optional, not in the ConfigMap, not in the repository), and the gateway's
+    ServiceMonitor scrapes with the same Secret's key as its bearer token."""
+    deployment = one("Deployment", "sweetspot")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    (admin,) = [e for e in container["env"] if e["name"] == "SWEETSPOT_ADMIN_API_KEY"]
+    ref = admin["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"]) == ADMIN_SECRET and not ref.get("optional")
+    assert "SWEETSPOT_ADMIN_API_KEY" not in gateway_env(), "a key in the ConfigMap would be readable by anyone"
+    assert not [d for d in by_kind("Secret") if d["metadata"]["name"] == ADMIN_SECRET[0]], "no key in the repo"
+    monitor = one("ServiceMonitor", "sweetspot")
+    assert monitor["metadata"]["namespace"] == deployment["metadata"]["namespace"]  # it reads Secrets there
+    for endpoint in monitor["spec"]["endpoints"]:
+        auth = endpoint["authorization"]
+        assert auth.get("type", "Bearer") == "Bearer"
+        assert (auth["credentials"]["name"], auth["credentials"]["key"]) == ADMIN_SECRET
+    assert all("authorization" not in e for e in one("ServiceMonitor", "vllm")["spec"]["endpoints"])
+    # docs/deploy.md says how to make the Secret the pods wait for
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    assert f"create secret generic {ADMIN_SECRET[0]} --from-literal={ADMIN_SECRET[1]}=" in docs
 
 
 def test_vllm_pods_get_a_gpu_each() -> None:

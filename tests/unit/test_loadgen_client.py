@@ -148,9 +148,11 @@ async def test_closed_loop_pool_resizes_live_without_aborting(server: str) -> No
 
 async def test_closed_loop_backs_off_on_rejections(server: str) -> None:
     records: list[RequestRecord] = []
-    async with StreamClient(Target(server, model="m1", headers={"X-Mode": "busy"})) as client:
-        async with ClosedLoopPool(client, RequestFactory(Workload()), concurrency=1, on_record=records.append):
-            await asyncio.sleep(0.3)
+    async with (
+        StreamClient(Target(server, model="m1", headers={"X-Mode": "busy"})) as client,
+        ClosedLoopPool(client, RequestFactory(Workload()), concurrency=1, on_record=records.append),
+    ):
+        await asyncio.sleep(0.3)
     assert 2 <= len(records) <= 12  # Retry-After 0.05 s paces the client, no hot loop
     assert all(r.rejected for r in records)
 

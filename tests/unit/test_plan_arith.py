@@ -194,7 +194,7 @@ def test_bad_inputs_are_refused() -> None:
     with pytest.raises(ValueError, match="cannot size the weights"):
         plan_capacity(ModelShape(layers=2, kv_heads=1, head_dim=8), gpu_gb=24)
     with pytest.raises(ValueError, match="unknown KV cache dtype"):
-        LLAMA3_8B.override(kv_dtype="fp7").kv_bytes_per_token
+        _ = LLAMA3_8B.override(kv_dtype="fp7").kv_bytes_per_token  # the property raises
 
 
 def test_windowed_layers_cap_per_sequence_memory_and_max_context() -> None:

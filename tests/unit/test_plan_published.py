@@ -303,7 +303,8 @@ def test_llama31_8b_dense_gqa() -> None:
 
 def test_qwen3_8b_dense() -> None:
     shape, plan = _plan80(QWEN3_8B)
-    # attention per layer: q 4096 x 32 x 128 + k,v 2 x 4096 x 8 x 128 + o 32 x 128 x 4096 = 41,943,040; x36 = 1,509,949,440
+    # attention per layer: q 4096 x 32 x 128 + k,v 2 x 4096 x 8 x 128 + o 32 x 128 x 4096 = 41,943,040;
+    #   x36 = 1,509,949,440
     # MLP 3 x 4096 x 12288 = 150,994,944; x36 = 5,435,817,984; embed + head 2 x 151936 x 4096 = 1,244,659,712
     # total 8,190,427,136 (Qwen: 8.2B); bf16 16,380,854,272 B
     assert shape.total_params == 8_190_427_136
@@ -347,9 +348,12 @@ def test_mixtral_8x7b_does_not_fit_one_80g_gpu() -> None:
 def test_qwen3_next_hybrid_and_vllms_state_pages() -> None:
     shape = shape_from_hf_config(QWEN3_NEXT_80B_A3B)
     # 12 attention layers (every 4th), 36 gated-DeltaNet layers
-    # attention (gated q doubles q): 2048 x 16 x 256 x 2 + 2 x 2048 x 2 x 256 + 16 x 256 x 2048 = 27,262,976; x12 = 327,155,712
-    # DeltaNet: 2048 x (2x2048 + 2x4096) + 2048 x 2 x 32 + (2x2048 + 4096) x 4 + 4096 x 2048 = 33,718,272; x36 = 1,213,857,792
-    # experts 512 x 3 x 2048 x 512 = 1,610,612,736 per layer, x48 = 77,309,411,328; shared 3 x 2048 x 512 x 48 = 150,994,944
+    # attention (gated q doubles q): 2048 x 16 x 256 x 2 + 2 x 2048 x 2 x 256 + 16 x 256 x 2048 = 27,262,976;
+    #   x12 = 327,155,712
+    # DeltaNet: 2048 x (2x2048 + 2x4096) + 2048 x 2 x 32 + (2x2048 + 4096) x 4 + 4096 x 2048 = 33,718,272;
+    #   x36 = 1,213,857,792
+    # experts 512 x 3 x 2048 x 512 = 1,610,612,736 per layer, x48 = 77,309,411,328;
+    #   shared 3 x 2048 x 512 x 48 = 150,994,944
     # router 2048 x 512 x 48 = 50,331,648; embed + head 622,329,856 -> total 79,674,081,280 (Qwen: 80B)
     assert shape.total_params == 79_674_081_280
     # KV: 12 x 2 x 2 x 256 x 2 = 24,576 B/token; state per DeltaNet layer (bf16): recurrent 32 x 128 x 128 x 2
@@ -361,7 +365,8 @@ def test_qwen3_next_hybrid_and_vllms_state_pages() -> None:
     # 32K seq = 32768 x 24,576 + 39,518,208 = 844,824,576 -> floor(20.34) = 20
     assert plan.kv_capacity_tokens == 699_050
     assert plan.max_sequences(CTX) == 20
-    # vLLM: attention bytes/token/layer 2 x 2 x 256 x 2 = 2048; block = 16 x ceil(1,097,728 / (16 x 2048)) = 16 x 34 = 544
+    # vLLM: attention bytes/token/layer 2 x 2 x 256 x 2 = 2048;
+    #   block = 16 x ceil(1,097,728 / (16 x 2048)) = 16 x 34 = 544
     # page 544 x 2048 = 1,114,112; groups: 12 full + 36 state -> group size 12 (36 >= 1.5 x 12), 1 + 3 = 4 groups
     # blocks 17,179,869,184 // 1,114,112 // 12 = 1285
     # request: ceil(32768 / 544) = 61 attention blocks + 3 state groups x 2 pages (prefix caching) = 67
@@ -403,7 +408,8 @@ def test_deepseek_v3_fp8_mla_fixed_kv_budget() -> None:
     # MLA attention per layer: q 7168 x 1536 + 1536 x 128 x 192 = 48,758,784; kv_a 7168 x 576 = 4,128,768
     #   kv_b 512 x 128 x 256 = 16,777,216; o 128 x 128 x 7168 = 117,440,512 -> 187,105,280; x61 = 11,413,422,080
     # 3 dense layers: 3 x 3 x 7168 x 18432 = 1,189,085,184
-    # 58 MoE layers: expert 3 x 7168 x 2048 = 44,040,192; routed 256 x 58 = 653,908,770,816; shared 1 x 58 = 2,554,331,136
+    # 58 MoE layers: expert 3 x 7168 x 2048 = 44,040,192; routed 256 x 58 = 653,908,770,816;
+    #   shared 1 x 58 = 2,554,331,136
     #   router 7168 x 256 x 58 = 106,430,464; embed + head 2 x 129280 x 7168 = 1,853,358,080
     # total 671,025,397,760 (DeepSeek: 671B without the 14B MTP module, which is not loaded)
     assert shape.total_params == 671_025_397_760
@@ -442,8 +448,10 @@ def test_kimi_k2_mla_with_more_experts() -> None:
 
 def test_gemma2_9b_tied_fp32_and_alternating_windows() -> None:
     shape, plan = _plan80(GEMMA2_9B)
-    # attention per layer: q 3584 x 16 x 256 + k,v 2 x 3584 x 8 x 256 + o 16 x 256 x 3584 = 44,040,192; x42 = 1,849,688,064
-    # MLP 3 x 3584 x 14336 = 154,140,672; x42 = 6,473,908,224; embeddings tied (Gemma default): 256000 x 3584 = 917,504,000
+    # attention per layer: q 3584 x 16 x 256 + k,v 2 x 3584 x 8 x 256 + o 16 x 256 x 3584 = 44,040,192;
+    #   x42 = 1,849,688,064
+    # MLP 3 x 3584 x 14336 = 154,140,672; x42 = 6,473,908,224;
+    #   embeddings tied (Gemma default): 256000 x 3584 = 917,504,000
     # total 9,241,100,288 (Google: 9.24B); float32 checkpoint served at 16 bits: 18,482,200,576 B (fp32 would be 2x)
     assert shape.total_params == 9_241_100_288
     assert plan.weight_bytes == 18_482_200_576

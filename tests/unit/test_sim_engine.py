@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -260,7 +261,7 @@ def test_advance_runs_steps_back_to_back_until_a_time() -> None:
     e.submit(100, 1000, now=0.0)
     steps = e.advance(until=1.0, now=0.0)
     assert steps and steps[-1].start < 1.0
-    assert all(a.end == b.start for a, b in zip(steps, steps[1:]))
+    assert all(a.end == b.start for a, b in itertools.pairwise(steps))
     assert e.advance(until=0.5) == []  # nothing starts before 0.5 any more
     assert e.busy_until >= 1.0 - steps[-1].duration
 

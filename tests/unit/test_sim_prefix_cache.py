@@ -35,17 +35,17 @@ def test_block_hashes_are_chained_and_cover_full_blocks_only() -> None:
     hashes = text.block_hashes(ids, BS)
     assert len(hashes) == 3
     assert text.block_hashes(ids[: 2 * BS], BS) == hashes[:2]
-    changed = [99999] + ids[1:]  # the first token differs: every later block's key differs too
+    changed = [99999, *ids[1:]]  # the first token differs: every later block's key differs too
     assert not set(text.block_hashes(changed, BS)) & set(hashes)
 
 
 def test_chat_token_ids_count_like_the_token_rule_and_share_a_prefix() -> None:
     history = [{"role": "system", "content": "you are terse " * 30}, {"role": "user", "content": "hello " * 50}]
-    longer = history + [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "more"}]
+    longer = [*history, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "more"}]
     assert len(text.chat_token_ids(history)) == text.chat_prompt_tokens(history)[0]
     a, b = text.chat_token_ids(history), text.chat_token_ids(longer)
     assert b[: len(a) - 3] == a[:-3]  # all but the reply's template tokens
-    renamed = [{"role": "user", "content": history[0]["content"]}] + history[1:]
+    renamed = [{"role": "user", "content": history[0]["content"]}, *history[1:]]
     assert text.chat_token_ids(renamed)[:4] != a[:4]  # the role is part of the prompt
 
 

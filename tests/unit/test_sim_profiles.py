@@ -132,5 +132,5 @@ def test_think_time_and_speed_factor_lower_the_prediction() -> None:
 
 
 def test_unknown_profile_names_list_the_known_ones() -> None:
-    with pytest.raises(KeyError, match="llama3.1-8b-24gb"):
+    with pytest.raises(KeyError, match=r"llama3\.1-8b-24gb"):
         get_profile("nope")

@@ -34,7 +34,7 @@ def scrape(metrics: GatewayMetrics) -> tuple[str, dict[str, str]]:
 
 
 def test_process_platform_and_gc_collectors_are_exported() -> None:
-    text, types = scrape(GatewayMetrics())
+    _, types = scrape(GatewayMetrics())
     for family in (
         "process_cpu_seconds",
         "process_resident_memory_bytes",

@@ -47,7 +47,8 @@ CONSECUTIVE_MIN_WINDOWS = 5
 
 
 class EnvoyGradient:
-    """``GradientController`` on virtual time: its timers fire at the tick that reaches them."""
+    """``GradientController`` on virtual time: its timers fire at the tick that reaches them. ``seed`` drives the
+    minRTT interval's jitter (Envoy's own random generator in the reference), so runs repeat."""
 
     def __init__(
         self,

@@ -1,10 +1,11 @@
 """The throughput curve the controller has measured: tokens/s at each limit it held.
 
 One reading is a few seconds of throughput at one limit, and a few seconds of an LLM backend are
-noisy (each new request's prefill stalls the batch): a 6 s reading varies by ~2-3%, while the whole
-top of a typical curve, from the sweet spot to the cliff, spans about 5%. A single probe's gain is
-therefore no evidence; the curve pools every reading per limit (a running mean that still follows
-drift) and the knee is read off the whole curve, not off one comparison.
+noisy (each new request's prefill stalls the batch): a reading's noise is of the order of the whole top
+of a typical curve, from the sweet spot to the cliff (docs/controller.md, "Measuring throughput at a
+limit", has the figures). A single probe's gain is therefore no evidence; the curve pools every reading
+per limit (a running mean that still follows drift) and the knee is read off the whole curve, not off one
+comparison.
 
 A reading far from what the curve expects (the same limit's mean, or for a new limit the range its
 neighbours allow) means the world changed. Two such readings in a row, in the same direction, rescale

@@ -15,8 +15,9 @@ of the backend's time goes to asking questions. Three rules keep that share smal
   is a down-probe asking one question: did the knee move below the cap? When the answer is a clear no
   (the point below measures under ``knee_fraction`` x (1 - the curve's shift) of the cap's throughput,
   so only a change the curve would call a change of the world could move the knee) the wait before the
-  next probe doubles, up to ``QUIET_MAX`` periods. On a 4-slot llama-server one slot less costs ~30% of
-  the throughput, so a down-probe every two periods cost ~7% of it for an answer already known.
+  next probe doubles, up to ``QUIET_MAX`` periods. With a few slots one slot less costs a large share of
+  the throughput, so a down-probe every two periods costs a lot for an answer already known
+  (docs/controller.md, "Small limits", has llama-server's figures).
   A rescale of the curve, a congestion cut, the limit leaving the cap, or a down-probe whose point is
   no longer clearly worse brings the period back.
 * **An abandoned probe waits its turn.** A probe whose demand went away before it was measured is

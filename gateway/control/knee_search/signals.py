@@ -26,9 +26,10 @@ _KV_FACTOR_FLOOR = 0.5
 # limit, so "still under the floor" alone would ratchet the limit down to its minimum.
 _GPU_FURTHER_DROP = 0.01
 # The backend's waiting gauge is read per engine step, and a request that arrives mid-step waits for
-# the next one: at 20-30 running sequences, vLLM (and the simulator) report 1-2 waiting in about 40%
-# of scrapes (mean ~0.5) with the KV cache half empty. That is a request in transit, not a queue; a
-# queue the backend cannot admit (KV full, max_num_seqs reached) is steady and grows with the excess.
+# the next one: a busy vLLM (and the simulator) often reports a request or two waiting with the KV cache
+# half empty (docs/controller.md, "What it does, in order", has the figures). That is a request in transit,
+# not a queue; a queue the backend cannot admit (KV full, max_num_seqs reached) is steady and grows with
+# the excess.
 # So waiting counts only beyond what arrives during one step: more than this share of the running
 # batch, and more than one request.
 QUEUE_SHARE = 0.1

@@ -33,8 +33,10 @@ EndListener = Callable[[RequestSample, int, int], None]
 
 
 class Limiter:
-    """In-flight permits for one upstream. The limit may change at any time; lowering it below the
-    current in-flight count never cancels running requests, it only stops new admissions.
+    """In-flight slots for one upstream, one per sequence the backend runs: a request asking for ``n``
+    answers to ``k`` prompts holds ``n x k`` of them, as it holds that many of the backend's batch slots and
+    KV cache. The limit may change at any time; lowering it below the current in-flight count never cancels
+    running requests, it only stops new admissions.
 
     ``on_end``, when set, hears of every request that ends, in time to change the limit before the freed
     permit is handed on (an algorithm that learns per request, ``gateway.server.feedback.control_loop``)."""
@@ -61,15 +63,18 @@ class Limiter:
             raise ValueError("limit must be >= 1")
         self.limit = limit
 
-    def acquire(self) -> None:
-        self.inflight += 1
+    def fits(self, slots: int) -> bool:
+        return self.inflight + slots <= self.limit
+
+    def acquire(self, slots: int = 1) -> None:
+        self.inflight += slots
         if self.inflight > self._peak:
             self._peak = self.inflight
 
-    def release(self) -> None:
-        if self.inflight <= 0:
+    def release(self, slots: int = 1) -> None:
+        if self.inflight < slots:
             raise RuntimeError(f"release without acquire on {self.name}")
-        self.inflight -= 1
+        self.inflight -= slots
 
     def take_peak(self) -> int:
         """Highest in-flight count since the last call (at least the current one); resets the mark."""
@@ -92,6 +97,11 @@ class AdmissionError(Exception):
 class QueueFull(AdmissionError):
     status = 429
     reason = "queue_full"
+
+
+class QueueBytesFull(AdmissionError):
+    status = 429
+    reason = "queue_bytes_full"
 
 
 class TenantQueueFull(AdmissionError):
@@ -148,6 +158,7 @@ class Permit(Generic[T]):
     tenant: Tenant
     inflight_at_grant: int = 0  # the limiter's in-flight count just after this permit was granted
     released: bool = False
+    slots: int = 1  # sequences the request runs (n x prompts): slots of the limit it holds
 
     @property
     def limiter(self) -> Limiter:
@@ -161,6 +172,8 @@ class _Waiter(Generic[T]):
     tenant: Tenant
     cls: int
     hint: Any = None  # what ``choose`` knows of the request (None: the upstream with the most free permits)
+    slots: int = 1  # sequences the request runs: slots it needs free on one upstream
+    nbytes: int = 0  # the request's body, held while it waits (the queue's byte budget)
     gone: bool = False  # left the queue: admitted, timed out or cancelled
 
 
@@ -178,6 +191,7 @@ class AdmissionQueue(Generic[T]):
         targets: Collection[T],
         *,
         max_queue: int,
+        max_queued_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         drain_horizon_s: float = DRAIN_HORIZON_S,
         classes: int = 1,
@@ -189,11 +203,15 @@ class AdmissionQueue(Generic[T]):
     ) -> None:
         self.targets: dict[str, T] = {target.name: target for target in targets}
         self.max_queue = max_queue
+        self.max_queued_bytes = max_queued_bytes
+        self.queued_bytes = 0  # bodies of the requests waiting now
         self._clock = clock
         self._queue: FairQueue[_Waiter[T]] = FairQueue(
             classes, discipline=discipline, starvation_after=starvation_after
         )
         self._releases = ReleaseRate(drain_horizon_s)
+        #: Upstreams held for a wide request waiting for room (:meth:`_hold_for`), as of the last dispatch.
+        self._held: set[str] = set()
         self._closed: Callable[[], AdmissionError] | None = None
         self.default_tenant = default_tenant if default_tenant is not None else Tenant("default")
         self.reserve = Reserve(reserve if discipline == "fair" else 0.0)
@@ -226,18 +244,24 @@ class AdmissionQueue(Generic[T]):
             return list(self.targets.values())
         return [self.targets[name] for name in eligible if name in self.targets]
 
-    def _room(self, target: T, tenant: Tenant) -> bool:
+    def _room(self, target: T, tenant: Tenant, slots: int = 1) -> bool:
         limiter = target.limiter
-        return target.healthy and self.reserve.may_take(tenant, inflight=limiter.inflight, limit=limiter.limit)
+        return (
+            target.healthy
+            and target.name not in self._held
+            and limiter.fits(slots)
+            and self.reserve.may_take(tenant, inflight=limiter.inflight + slots - 1, limit=limiter.limit)
+        )
 
-    def _best(self, eligible: Collection[str] | None, tenant: Tenant, hint: Any = None) -> T | None:
-        """The upstream a request of ``tenant`` goes to now, or None when none of ``eligible`` has room."""
+    def _best(self, eligible: Collection[str] | None, tenant: Tenant, hint: Any = None, slots: int = 1) -> T | None:
+        """The upstream a request of ``tenant`` needing ``slots`` goes to now, or None when none of
+        ``eligible`` has room."""
         if hint is not None and self.choose is not None:
-            available = [target for target in self._candidates(eligible) if self._room(target, tenant)]
+            available = [target for target in self._candidates(eligible) if self._room(target, tenant, slots)]
             return self.choose(available, hint) if available else None
         best: T | None = None
         for target in self._candidates(eligible):
-            if self._room(target, tenant) and (best is None or target.limiter.free > best.limiter.free):
+            if self._room(target, tenant, slots) and (best is None or target.limiter.free > best.limiter.free):
                 best = target
         return best
 
@@ -245,12 +269,19 @@ class AdmissionQueue(Generic[T]):
         """Whether a queued request of ``tenant`` could run somewhere now (its cap, the reserve)."""
         return tenant.may_run() and any(self._room(target, tenant) for target in self.targets.values())
 
-    def _grant(self, target: T, tenant: Tenant) -> Permit[T]:
+    def _grant(self, target: T, tenant: Tenant, slots: int = 1) -> Permit[T]:
         limiter = target.limiter
-        limiter.acquire()
+        limiter.acquire(slots)
         self.reserve.join(tenant)
         tenant.inflight += 1
-        return Permit(target, self._clock(), tenant, limiter.inflight)
+        return Permit(target, self._clock(), tenant, limiter.inflight, slots=slots)
+
+    def _hold_for(self, waiter: _Waiter[T]) -> None:
+        """A request wider than the room left waits for it, and the upstreams that could ever hold it (their
+        limit is at least its width) take nobody behind it meanwhile: it is not starved by narrower ones."""
+        for target in self._candidates(waiter.eligible):
+            if target.healthy and target.limiter.limit >= waiter.slots:
+                self._held.add(target.name)
 
     # --- acquiring -------------------------------------------------------------------------------
     async def acquire(
@@ -261,8 +292,11 @@ class AdmissionQueue(Generic[T]):
         eligible: Collection[str] | None = None,
         timeout_s: float,
         hint: Any = None,
+        slots: int = 1,
+        nbytes: int = 0,
     ) -> Permit[T]:
-        """Wait for a permit on one of the ``eligible`` upstreams (all when None), in class ``priority``.
+        """Wait for a permit of ``slots`` slots on one of the ``eligible`` upstreams (all when None), in class
+        ``priority``.
 
         Raises :class:`NoHealthyUpstream` at once when none of them is healthy, :class:`QuotaExceeded` when
         the tenant spent its output-token quota, :class:`QueueFull` when the queue is at ``max_queue``,
@@ -287,17 +321,25 @@ class AdmissionQueue(Generic[T]):
         # A free slot with requests queued is one none of them can take (dispatch runs whenever room appears):
         # an arrival skips nobody by taking it, unless it would pass its own tenant's queued requests.
         if not tenant.queued and tenant.may_run():
-            target = self._best(eligible, tenant, hint)
+            target = self._best(eligible, tenant, hint, slots)
             if target is not None:
-                return self._grant(target, tenant)
+                return self._grant(target, tenant, slots)
         if len(queue) >= self.max_queue:
             raise QueueFull(f"the gateway's queue is full ({self.max_queue} waiting)", retry_after_s=self.retry_after())
+        if self.max_queued_bytes is not None and self.queued_bytes + nbytes > self.max_queued_bytes:
+            raise QueueBytesFull(
+                f"the gateway's queue holds {self.queued_bytes} bytes of requests, near its {self.max_queued_bytes}",
+                retry_after_s=self.retry_after(),
+            )
         if tenant.max_queued is not None and tenant.queued >= tenant.max_queued:
             raise TenantQueueFull(
                 f"tenant {tenant.name!r} has {tenant.queued} requests queued, its cap",
                 retry_after_s=tenant.retry_after(self._clock()),
             )
-        waiter: _Waiter[T] = _Waiter(asyncio.get_running_loop().create_future(), eligible, tenant, priority, hint)
+        waiter: _Waiter[T] = _Waiter(
+            asyncio.get_running_loop().create_future(), eligible, tenant, priority, hint, slots, nbytes
+        )
+        self.queued_bytes += nbytes
         queue.push(waiter, flow=tenant, weight=tenant.weight, cls=priority)
         self.reserve.join(tenant)
         tenant.queued += 1
@@ -324,20 +366,25 @@ class AdmissionQueue(Generic[T]):
             return
         if not waiter.gone:
             waiter.gone = True
+            self.queued_bytes -= waiter.nbytes
             future.cancel()
             waiter.tenant.queued -= 1
             self.reserve.settle(waiter.tenant)
             self._queue.forget(flow=waiter.tenant, cls=waiter.cls)
+            if self._held:
+                self.dispatch()  # it may have held upstreams for itself
 
     def close(self, error: Callable[[], AdmissionError]) -> None:
         """Refuse every queued request and every later one with ``error()`` (the gateway is draining)."""
         self._closed = error
         for waiter in list(self._queue):
             waiter.gone = True
+            self.queued_bytes -= waiter.nbytes
             waiter.tenant.queued -= 1
             self.reserve.settle(waiter.tenant)
             waiter.future.set_exception(error())
         self._queue.clear()
+        self._held.clear()
 
     def release(self, permit: Permit[T], sample: RequestSample | None = None) -> None:
         """Return a permit (idempotent) and admit whoever can now run. ``sample``: the request that held it,
@@ -346,7 +393,7 @@ class AdmissionQueue(Generic[T]):
             return
         permit.released = True
         limiter = permit.limiter
-        limiter.release()
+        limiter.release(permit.slots)
         if sample is not None and limiter.on_end is not None:
             limiter.on_end(sample, permit.inflight_at_grant, limiter.inflight)
         now = self._clock()
@@ -360,16 +407,21 @@ class AdmissionQueue(Generic[T]):
 
         Call it after anything that frees capacity: a release, a raised limit, an upstream turning
         healthy. Who goes first is the fair queue's choice; a waiter whose upstreams are all busy does not
-        block the ones behind it that can go elsewhere, nor does a tenant at its in-flight cap.
+        block the ones behind it that can go elsewhere, nor does a tenant at its in-flight cap. A wide waiter
+        (several sequences) that does not fit yet holds the upstreams that could take it, so it is not
+        starved by narrower requests behind it (:meth:`_hold_for`).
         """
         queue = self._queue
+        self._held.clear()
         if not queue:
             return
         placed: list[T] = []
 
         def place(waiter: _Waiter[T]) -> bool:
-            target = self._best(waiter.eligible, waiter.tenant, waiter.hint)
+            target = self._best(waiter.eligible, waiter.tenant, waiter.hint, waiter.slots)
             if target is None:
+                if waiter.slots > 1:
+                    self._hold_for(waiter)
                 return False
             placed.append(target)
             return True
@@ -380,12 +432,13 @@ class AdmissionQueue(Generic[T]):
             if waiter is None:
                 break
             waiter.gone = True
-            permit = self._grant(placed.pop(), waiter.tenant)
+            self.queued_bytes -= waiter.nbytes
+            permit = self._grant(placed.pop(), waiter.tenant, waiter.slots)
             waiter.tenant.queued -= 1  # after the grant: it stays active throughout
             waiter.future.set_result(permit)
 
-    def try_acquire(self, eligible: Collection[str], tenant: Tenant | None = None) -> Permit[T] | None:
-        """A permit right now on one of ``eligible`` or None; used to fail over without queueing."""
+    def try_acquire(self, eligible: Collection[str], tenant: Tenant | None = None, slots: int = 1) -> Permit[T] | None:
+        """A permit of ``slots`` right now on one of ``eligible`` or None; used to fail over without queueing."""
         tenant = self.default_tenant if tenant is None else tenant
-        target = self._best(eligible, tenant)
-        return None if target is None else self._grant(target, tenant)
+        target = self._best(eligible, tenant, slots=slots)
+        return None if target is None else self._grant(target, tenant, slots)

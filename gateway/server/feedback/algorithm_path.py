@@ -1,6 +1,12 @@
-"""The ``algorithm`` setting: another limit algorithm, named by an import path, in the controller's place.
+"""The ``algorithm`` setting: another limit algorithm in the controller's place, by a built-in name or an
+import path.
 
-The value is ``module:attribute`` (as uvicorn names an app), where the attribute is a factory: a callable
+A built-in name (``static``, ``gie-threshold``, ``envoy-gradient``, ``netflix-gradient2``, ``netflix-vegas``,
+``netflix-aimd``: ``gateway.control.baselines.BUILT_IN``) builds one of the schemes users run today with its
+reference's published defaults; ``static`` holds the limit the gateway would start the upstream at (its sweep
+result's sweet spot, else ``initial_limit``).
+
+Anything else is ``module:attribute`` (as uvicorn names an app), where the attribute is a factory: a callable
 taking no arguments that returns a fresh :class:`gateway.control.algorithm.LimitAlgorithm`, one per upstream
 (a class with a default constructor is one). The gateway imports whatever it is given; nothing here knows of
 a particular algorithm, so comparing schemes, or running one of your own, needs no change to the server.
@@ -26,24 +32,32 @@ from collections.abc import Callable
 from typing import cast
 
 from gateway.control.algorithm import LimitAlgorithm
+from gateway.control.baselines import BUILT_IN, BuiltIn
 
-AlgorithmFactory = Callable[[], LimitAlgorithm]
+#: One fresh algorithm per upstream, given the limit the gateway would start that upstream at without one (a
+#: built-in's seam, ``gateway.control.baselines.BuiltIn``; an imported factory takes no argument and ignores it).
+AlgorithmFactory = BuiltIn
 
 # What every LimitAlgorithm has; checked on what the factory builds, since a Protocol cannot check it alone.
 _MEMBERS = ("limit", "step", "state")
 
 
 def load_factory(path: str) -> AlgorithmFactory:
-    """Import the factory ``path`` names. Raises ValueError with one line saying what is wrong."""
+    """The built-in ``path`` names, or the factory it imports. Raises ValueError with one line saying what is
+    wrong."""
+    if path in BUILT_IN:
+        return BUILT_IN[path]
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
-        raise ValueError(f"algorithm {path!r} is not of the form 'module:factory'")
+        raise ValueError(
+            f"algorithm {path!r} is neither a built-in ({', '.join(BUILT_IN)}) nor of the form 'module:factory'"
+        )
     here = os.getcwd()
     if here not in sys.path:
         sys.path.insert(0, here)
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # an ImportError, or whatever the module raised while importing
+    except Exception as exc:  # noqa: BLE001 - an ImportError, or whatever the module raised while importing
         raise ValueError(f"algorithm {path!r}: cannot import {module_name!r} ({type(exc).__name__}: {exc})") from None
     target: object = module
     for part in attribute.split("."):
@@ -54,14 +68,14 @@ def load_factory(path: str) -> AlgorithmFactory:
     if not callable(target):
         raise ValueError(f"algorithm {path!r}: {attribute!r} is a {type(target).__name__}, not a factory to call")
     factory: Callable[[], object] = target
-    return lambda: build(path, factory)
+    return lambda _limit: build(path, factory)
 
 
 def build(path: str, factory: Callable[[], object]) -> LimitAlgorithm:
     """One algorithm from ``factory``, checked to be one."""
     try:
         algorithm = factory()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever a user's factory raises is a configuration error
         raise ValueError(
             f"algorithm {path!r}: calling it with no arguments failed ({type(exc).__name__}: {exc})"
         ) from None

@@ -12,7 +12,8 @@ Three loops feed and drive the pure controllers in ``gateway.control``:
 None of this is on the request path, with one exception: an algorithm that is also a ``RequestObserver``
 (``settings.algorithm`` names one; the built-in controller is not) hears of each request as it ends, through
 the limiter's ``on_end``, and the limit it answers is applied before the freed permit is handed on, as the
-scenario harness applies it. A failure in one loop, or in that hook, is logged and the gateway goes on.
+scenario harness applies it. A failure in one loop, or in that hook, is logged and the gateway goes on; in
+one upstream's tick (its exchange with the shared state, its controller), the other upstreams tick.
 
 Whatever the algorithm, the limit it asks for is held within ``limit_min`` and ``limit_max`` (the limiter
 holds no limit under 1), and the hard cap is computed and given to it in every observation.
@@ -24,6 +25,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import Gauge
 
@@ -35,7 +37,7 @@ from gateway.control.observation import GpuHeadroom, Headroom, LimiterState
 from gateway.control.share import Peers
 from gateway.control.window import RequestSample
 from gateway.server.feedback.algorithm_path import load_factory
-from gateway.server.feedback.share_board import ShareBoard
+from gateway.server.feedback.share_board import REJECT_REASONS, Bounds, ShareBoard, default_namespace
 from gateway.server.feedback.start_points import load_start_points
 from gateway.server.parts import Gateway
 from gateway.server.upstream.pool import Upstream
@@ -60,6 +62,7 @@ class ControlLoop:
     gpus: list[GpuHeadroom] = field(default_factory=list)
     gpus_at: float | None = None
     board: ShareBoard | None = None  # the replicas' shared state, when configured
+    _failing: set[str] = field(default_factory=set)  # upstreams whose last control tick raised
 
     @classmethod
     def build(cls, gateway: Gateway, gpu_source: GpuSource | None = None) -> ControlLoop:
@@ -77,12 +80,12 @@ class ControlLoop:
             for reason in RETRY_REASONS:
                 gateway.metrics.upstream_retries.labels(upstream.name, reason)
             gateway.metrics.backend_scrape_errors.labels(upstream.name)
-            algorithm: LimitAlgorithm | None = factory() if factory is not None else None
+            gateway.metrics.controller_tick_errors.labels(upstream.name)
+            # Where the gateway holds this upstream at start: its sweep result's sweet spot, else initial_limit.
+            initial = loop.bounded(start.limit if start is not None else settings.initial_limit)
+            algorithm: LimitAlgorithm | None = factory(initial) if factory is not None else None
             if algorithm is not None:
-                initial = algorithm.limit  # another algorithm starts where it says
-            else:
-                initial = start.limit if start is not None else settings.initial_limit
-            initial = loop.bounded(initial)
+                initial = loop.bounded(algorithm.limit)  # another algorithm starts where it says
             upstream.limiter.set_limit(initial)
             if start is not None:
                 gateway.metrics.sweet_spot.labels(upstream.name).set(start.limit)
@@ -96,8 +99,28 @@ class ControlLoop:
                 if isinstance(control.algorithm, RequestObserver):
                     upstream.limiter.on_end = loop.request_listener(upstream, control.algorithm)
         if settings.share_redis_url and loop.controls:
-            loop.board = ShareBoard(settings.share_redis_url, settings.share_ttl_s)
+            loop.board = loop.share_board(settings.share_redis_url)
         return loop
+
+    def share_board(self, url: str, **kwargs: Any) -> ShareBoard:
+        """The board of ``share_redis_url``: entries checked against this gateway's settings, rejections counted,
+        keys in ``share_namespace`` (by default the hash of the upstreams and those settings)."""
+        settings, metrics = self.gateway.settings, self.gateway.metrics
+        namespace = settings.share_namespace or default_namespace(
+            settings.upstreams, settings.limit_min, settings.limit_max, settings.max_queue
+        )
+        for upstream in self.controls:
+            for reason in REJECT_REASONS:
+                metrics.share_board_rejected.labels(upstream, reason)
+        log.info("shared state in Redis", extra={"namespace": namespace})
+        return ShareBoard(
+            url,
+            settings.share_ttl_s,
+            bounds=Bounds.of(settings.limit_min, settings.limit_max, settings.max_queue),
+            namespace=namespace,
+            on_reject=lambda upstream, reason: metrics.share_board_rejected.labels(upstream, reason).inc(),
+            **kwargs,
+        )
 
     def bounded(self, limit: int) -> int:
         """``limit`` within the gateway's ``limit_min`` and ``limit_max``."""
@@ -180,19 +203,52 @@ class ControlLoop:
                 self.gateway.metrics.gpu_utilization_ratio.labels(label).set(gpu.utilization)
 
     async def control(self) -> None:
-        peers: dict[str, Peers | None] = {}
-        if self.board is not None:
-            for name in self.controls:
-                upstream = self.gateway.pool.by_name[name]
-                demand = upstream.limiter.inflight + self.gateway.queue.depth_for(name)
-                peers[name] = await self.board.exchange(upstream.url, demand, upstream.limiter.limit)
+        """One tick of every upstream's controller. Each upstream's step stands alone: a shared-state exchange, a
+        scrape or a controller that fails costs that upstream this tick (no peers: its own search; no step: its
+        limit held), never the others' (counted in ``sweetspot_controller_tick_errors_total``)."""
+        peers = await self.share() if self.board is not None else {}
         # A controller metering by the backend's token counter reads it fresh: its readings end at a scrape.
         fresh = [name for name, control in self.controls.items() if control.accounting.counting_backend]
         if fresh:
-            await self.scrape(fresh)
+            try:
+                await self.scrape(fresh)
+            except Exception:  # the controllers read the last snapshot, as between scrapes
+                log.exception("the fresh backend scrape before the control tick failed")
         now = self.gateway.clock()
         for name, control in self.controls.items():
-            self.tick_one(self.gateway.pool.by_name[name], control, now, peers=peers.get(name))
+            try:
+                self.tick_one(self.gateway.pool.by_name[name], control, now, peers=peers.get(name))
+            except Exception:
+                self.gateway.metrics.controller_tick_errors.labels(name).inc()
+                if name not in self._failing:
+                    log.exception("the control tick of %s failed; its limit holds, the other upstreams go on", name)
+                self._failing.add(name)
+            else:
+                if name in self._failing:
+                    log.info("the control tick of %s works again", name)
+                self._failing.discard(name)
+
+    async def share(self) -> dict[str, Peers | None]:
+        """Every upstream's exchange with the shared state at once (a slow Redis costs one timeout, not one per
+        upstream); one that fails is None, each replica on its own for it."""
+        assert self.board is not None
+        board, names = self.board, list(self.controls)
+
+        async def one(name: str) -> Peers | None:
+            upstream = self.gateway.pool.by_name[name]
+            demand = upstream.limiter.inflight + self.gateway.queue.depth_for(name)
+            return await board.exchange(upstream.url, demand, upstream.limiter.limit)
+
+        answers = await asyncio.gather(*(one(name) for name in names), return_exceptions=True)
+        peers: dict[str, Peers | None] = {}
+        for name, answer in zip(names, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, Exception):
+                    raise answer  # cancelled: the loop is stopping
+                log.error("the shared-state exchange of %s failed", name, exc_info=answer)
+                answer = None
+            peers[name] = answer
+        return peers
 
     def tick_one(
         self, upstream: Upstream, control: UpstreamControl, now: float, *, peers: Peers | None = None

@@ -3,9 +3,11 @@
 The moment the signal arrives: ``/readyz`` answers 503 (the load balancer stops sending new clients), new
 requests get an OpenAI-shaped 503 with ``Retry-After`` and ``Connection: close`` (a retrying SDK reconnects,
 landing on another replica), and every request still queued gets the same 503. Requests already running
-go on: streams run to their end. When none is left, or at ``drain_timeout_s``, the server shuts down; a
-request still running at the deadline is interrupted (:meth:`RequestWatch.interrupt`): a stream ends with an
-error event saying the gateway is shutting down, a buffered request gets the 503.
+go on: streams run to their end, and so do the light requests (tokenize, stored responses, pass-through
+paths), which hold no permit but are counted while they run. When none is left, or at ``drain_timeout_s``, the
+server shuts down; a generation still running at the deadline is interrupted (:meth:`RequestWatch.interrupt`):
+a stream ends with an error event saying the gateway is shutting down, a buffered request gets the 503 (a light
+request has its own short timeout).
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ SETTLE_S = 5.0
 
 @dataclass
 class DrainState:
-    """Whether the gateway is draining, and the requests running now (each one's :class:`RequestWatch`)."""
+    """Whether the gateway is draining, the generation requests running now (each one's :class:`RequestWatch`),
+    and how many light requests (no permit, no watch: :mod:`gateway.server.routes.light`) are running."""
 
     draining: bool = False
     running: set[RequestWatch] = field(default_factory=set)
+    light: int = 0
 
 
 def shutting_down() -> ShuttingDown:
@@ -44,7 +48,8 @@ def shutting_down() -> ShuttingDown:
 
 
 def inflight(gateway: Gateway) -> int:
-    return sum(upstream.limiter.inflight for upstream in gateway.pool)
+    """Requests the drain waits for: generations holding permits, and light requests."""
+    return sum(upstream.limiter.inflight for upstream in gateway.pool) + gateway.drain.light
 
 
 async def drain(gateway: Gateway, timeout_s: float) -> None:

@@ -24,7 +24,7 @@ def run(config: Path | None = None, **flags: Any) -> None:
     if settings.algorithm is not None:
         from gateway.server.feedback.algorithm_path import load_factory
 
-        load_factory(settings.algorithm)()  # a bad path ends here, before any worker starts
+        load_factory(settings.algorithm)(settings.initial_limit)  # a bad path ends here, before any worker starts
     if settings.workers == 1:
         _serve_gateway(settings)
         return
@@ -36,7 +36,7 @@ def run(config: Path | None = None, **flags: Any) -> None:
     def worker(index: int, ready_fd: int) -> None:
         reserved.close()
         sock = listen_socket(settings.host, port, reuse_port=True)
-        _serve_gateway(settings, sock=sock, ready=lambda: os.write(ready_fd, READY))
+        _serve_gateway(settings, sock=sock, ready=lambda: os.write(ready_fd, READY), supervised=True)
 
     def announce() -> None:
         print(f"upstreams: {', '.join(settings.upstreams)}; workers: {settings.workers}", flush=True)
@@ -49,7 +49,11 @@ def run(config: Path | None = None, **flags: Any) -> None:
 
 
 def _serve_gateway(
-    settings: Settings, *, sock: socket.socket | None = None, ready: Callable[[], object] | None = None
+    settings: Settings,
+    *,
+    sock: socket.socket | None = None,
+    ready: Callable[[], object] | None = None,
+    supervised: bool = False,
 ) -> None:
     from gateway.server.app import create_server_app
     from gateway.server.process.drain import drain
@@ -77,4 +81,5 @@ def _serve_gateway(
         sock=sock,
         ready=ready,
         logging_configured=True,
+        supervised=supervised,
     )

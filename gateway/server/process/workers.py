@@ -7,16 +7,24 @@ kernel spreads new connections over the listening sockets, so no worker wakes fo
 Each worker builds its own app after the fork (no event loop, thread or pooled connection crosses it)
 and runs its own controllers: an independent replica, exactly as several pods are.
 
-Signals: the workers run in their own process group, so a Ctrl-C at a terminal reaches the parent only.
-The parent turns the first SIGTERM or SIGINT into one SIGTERM per worker, each of which drains (see
-:class:`gateway.common.asgi_server.DrainingServer`), waits for them, and exits 0 once every worker exited 0.
-A second signal is passed on too (the workers stop at once). A worker that dies on its own takes the
-others down with it (SIGTERM, so they drain) and the parent exits 1: the supervisor restarts the whole
-unit, rather than the host running on fewer workers nobody notices.
+Signals: the workers run in their own process groups, so a Ctrl-C at a terminal, or a signal to the
+parent's group, reaches the parent only. The parent turns the first SIGTERM or SIGINT into one SIGTERM per
+worker, each of which drains (see :class:`gateway.common.asgi_server.DrainingServer`), waits for them, and
+exits 0 once every worker exited 0. A second signal becomes SIGQUIT, which stops the workers at once.
+
+A worker may still get the stop twice: systemd (its default ``KillMode=control-group``) sends SIGTERM to
+every process of the unit, so a worker gets the unit's and then the parent's forward of it, and a process
+group is no shelter from that. A repeated SIGTERM cannot say who sent it (Python's handlers get no sender),
+so a worker drains on the first, whoever sends it, and ignores the rest; "stop at once" is a signal of its
+own, SIGQUIT, that only the parent sends.
+
+A worker that dies on its own takes the others down with it (SIGTERM, so they drain) and the parent exits 1:
+the supervisor restarts the whole unit, rather than the host running on fewer workers nobody notices.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -69,12 +77,13 @@ def run_workers(count: int, worker: Callable[[int, int], None], *, announce: Cal
 
 
 def _supervise(pids: dict[int, int], read_fd: int, announce: Callable[[], None]) -> int:
-    signals_seen = 0
+    signals_seen = 0  # the operator's signals: the first drains the workers, a second stops them at once
+    stopping = False  # the workers were told to drain because one of them failed
 
     def forward(sig: int, frame: FrameType | None) -> None:
         nonlocal signals_seen
         signals_seen += 1
-        _signal_all(pids, signal.SIGTERM)
+        _signal_all(pids, signal.SIGTERM if signals_seen == 1 else signal.SIGQUIT)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -90,7 +99,7 @@ def _supervise(pids: dict[int, int], read_fd: int, announce: Callable[[], None])
         os.close(read_fd)
         if ready == len(pids) and not signals_seen:
             announce()
-        failed = ready < len(pids)
+        failed = stopping = ready < len(pids)
         if failed:
             _signal_all(pids, signal.SIGTERM)
         while pids:
@@ -102,11 +111,11 @@ def _supervise(pids: dict[int, int], read_fd: int, announce: Callable[[], None])
                 continue
             pids.pop(pid, None)
             code = os.waitstatus_to_exitcode(status)
-            if code != 0 or not signals_seen:
+            if code != 0 or not (signals_seen or stopping):
                 failed = True
-                if not signals_seen:
+                if not (signals_seen or stopping):
                     print(f"sweetspot: worker {pid} exited ({code}); stopping the others", file=sys.stderr, flush=True)
-                    signals_seen += 1
+                    stopping = True
                     _signal_all(pids, signal.SIGTERM)
         return 1 if failed else 0
     finally:
@@ -116,7 +125,5 @@ def _supervise(pids: dict[int, int], read_fd: int, announce: Callable[[], None])
 
 def _signal_all(pids: dict[int, int], sig: int) -> None:
     for pid in list(pids):
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it has exited already
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass

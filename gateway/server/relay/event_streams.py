@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.server.relay.measure import RequestTracker
+from gateway.server.relay.sse import MAX_EVENT_BYTES, PartialEvent
 
 
 def _int(value: Any) -> int:
@@ -87,13 +88,21 @@ MESSAGES_EVENTS = EventTable(
 
 class NamedEventFilter:
     """Watches one named-event stream for a :class:`RequestTracker`; :meth:`feed` returns what to send on
-    (always the bytes it was given)."""
+    (always the bytes it was given). An event not complete yet is kept for its parse up to
+    ``max_event_bytes``; past it :meth:`feed` raises :class:`~gateway.server.relay.sse.EventTooLarge`."""
 
-    def __init__(self, tracker: RequestTracker, clock: Callable[[], float], table: EventTable) -> None:
+    def __init__(
+        self,
+        tracker: RequestTracker,
+        clock: Callable[[], float],
+        table: EventTable,
+        *,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+    ) -> None:
         self._tracker = tracker
         self._clock = clock
         self._table = table
-        self._rest = b""  # an event not complete yet
+        self._rest = PartialEvent(max_event_bytes)  # an event not complete yet
         self._separator = b"\n\n"
         self.seen_token = False
         self.upstream_error: str | None = None
@@ -102,7 +111,12 @@ class NamedEventFilter:
         self._prompt: int | None = None
 
     def feed(self, data: bytes) -> bytes:
-        text = self._rest + data if self._rest else data
+        text = data
+        if self._rest:
+            joined, self._separator = self._rest.extend(data, self._separator, crlf_may_start=True)
+            if joined is None:
+                return data  # the event goes on
+            text = joined
         if b"\r\n" in text:
             self._separator = b"\r\n\r\n"
         separator, step = self._separator, len(self._separator)
@@ -111,16 +125,17 @@ class NamedEventFilter:
         while (end := text.find(separator, start)) >= 0:
             tokens += self._event(text[start:end])
             start = end + step
-        self._rest = text[start:]
+        if start < len(text):
+            self._rest.start(memoryview(text)[start:])
         if tokens:
             self.seen_token = True
             self._tracker.tokens(tokens, self._clock())
         return data
 
     def flush(self) -> bytes:
-        if self._rest.strip():
-            self._event(self._rest)
-        self._rest = b""
+        rest = self._rest.take()
+        if rest.strip():
+            self._event(rest)
         return b""
 
     def _event(self, event: bytes) -> int:

@@ -25,7 +25,8 @@ from gateway.telemetry.metrics import GatewayMetrics
 class RequestTracker:
     arrived: float
     clock: Callable[[], float] = time.monotonic
-    model: str = ""  # the served model the request named, once it is known to exist (a metric label)
+    model: str = ""  # the metrics' label: the name when an upstream lists it, else `other` (bounded)
+    requested_model: str = ""  # the name the client sent, for the access log
     upstream: Upstream | None = None
     admitted: float | None = None
     queue_wait: float = 0.0
@@ -151,7 +152,7 @@ class RequestTracker:
         output = self.output_tokens if self.output_tokens is not None else self.streamed_tokens
         return {
             "upstream": upstream.name if upstream is not None else None,
-            "model": self.model or None,
+            "model": self.requested_model or None,
             "outcome": self.outcome.value if self.outcome is not None else None,
             "streamed": self.streamed,
             "queue_wait_s": round(self.queue_wait, 6),

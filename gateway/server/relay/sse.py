@@ -9,6 +9,68 @@ from typing import Protocol
 
 from gateway.server.relay.measure import RequestTracker
 
+#: The bound on one event when the route passes none: ``max_response_bytes``' default (the route passes the
+#: setting). An event is part of an answer, and an answer over that bound is refused whole too.
+MAX_EVENT_BYTES = 64 * 1024 * 1024
+_CRLF_SEPARATOR = b"\r\n\r\n"
+
+
+class EventTooLarge(Exception):
+    """An upstream event grew past the bound without ending: a broken upstream, or one that does not speak SSE.
+    The stream ends with an error event and counts as an upstream error."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the upstream sent an event of more than {limit} bytes without ending it")
+        self.limit = limit
+
+
+class PartialEvent:
+    """The start of an event whose end has not come yet, bounded by ``limit`` bytes (:class:`EventTooLarge`).
+
+    Reads are appended, not joined anew, and only the new bytes are searched for the event's end, so an event
+    that arrives in many reads costs its length once rather than its length times its reads: an upstream that
+    never sends a separator costs the bound in memory and linear time, then ends."""
+
+    __slots__ = ("_buffer", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self._buffer = bytearray()
+        self.limit = limit
+
+    def __len__(self) -> int:
+        return len(self._buffer)
+
+    def start(self, rest: bytes | memoryview) -> None:
+        """Keep ``rest``, what follows the last complete event of a read (the buffer is empty)."""
+        self._buffer += rest
+        self._check()
+
+    def extend(self, data: bytes, separator: bytes, *, crlf_may_start: bool) -> tuple[bytes | None, bytes]:
+        """The kept bytes and ``data`` joined once an event's ``separator`` has come (None while the event goes
+        on), and the separator: ``crlf_may_start``, a CRLF seen in the new bytes makes it CRLF's."""
+        buffer = self._buffer
+        seen = len(buffer)
+        buffer += data
+        if crlf_may_start and separator != _CRLF_SEPARATOR and buffer.find(b"\r\n", max(seen - 1, 0)) >= 0:
+            separator = _CRLF_SEPARATOR
+        if buffer.find(separator, max(seen - len(separator) + 1, 0)) < 0:
+            self._check()
+            return None, separator
+        joined = bytes(buffer)
+        buffer.clear()
+        return joined, separator
+
+    def take(self) -> bytes:
+        """Whatever is kept, emptying the buffer."""
+        rest = bytes(self._buffer)
+        self._buffer.clear()
+        return rest
+
+    def _check(self) -> None:
+        if len(self._buffer) > self.limit:
+            self._buffer = bytearray()  # the memory goes now, not when the reply ends
+            raise EventTooLarge(self.limit)
+
 
 class StreamWatcher(Protocol):
     """What the streamed reply needs of whatever watches its events (:class:`SSEFilter`, or
@@ -18,7 +80,9 @@ class StreamWatcher(Protocol):
     upstream_error: str | None
     finished: bool  # the stream's closing event came: a hang-up after it loses nothing
 
-    def feed(self, data: bytes) -> bytes: ...
+    def feed(self, data: bytes) -> bytes:
+        """Bytes to send on for this read; raises :class:`EventTooLarge` for an event past the bound."""
+        ...
 
     def flush(self) -> bytes: ...
 
@@ -50,14 +114,22 @@ class SSEFilter:
     found by parsing. Tokens are credited once per read: events that arrive together share a timestamp.
     A read whose events are all kept is passed on as the same bytes object, without copying; once tokens
     flow, a read of whole events with nothing that may be usage or an error is not even split: its JSON
-    events are counted by how they end.
+    events are counted by how they end. An event not complete yet is kept (not passed on) up to
+    ``max_event_bytes``; past it :meth:`feed` raises :class:`EventTooLarge`.
     """
 
-    def __init__(self, tracker: RequestTracker, clock: Callable[[], float], *, forward_usage: bool) -> None:
+    def __init__(
+        self,
+        tracker: RequestTracker,
+        clock: Callable[[], float],
+        *,
+        forward_usage: bool,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+    ) -> None:
         self._tracker = tracker
         self._clock = clock
         self._forward_usage = forward_usage
-        self._rest = b""  # an event not complete yet
+        self._rest = PartialEvent(max_event_bytes)  # an event not complete yet
         self._separator = b"\n\n"
         self._framed = False  # the separator is settled once the first event is complete
         self.seen_token = False
@@ -88,7 +160,10 @@ class SSEFilter:
                 self.finished = True
             return data
         if self._rest:
-            data, self._rest = self._rest + data, b""
+            joined, self._separator = self._rest.extend(data, self._separator, crlf_may_start=not self._framed)
+            if joined is None:
+                return b""  # the event goes on
+            data = joined
         if not self._framed and b"\r\n" in data:
             self._separator = b"\r\n\r\n"  # the spec allows CRLF line ends; the servers seen use LF
         separator = self._separator
@@ -109,7 +184,7 @@ class SSEFilter:
             self._json_end = b"}" + separator
             self._done_end = b"[DONE]" + separator
         if start < len(data):
-            self._rest = data[start:]
+            self._rest.start(memoryview(data)[start:])
         if self._tokens:
             self._tracker.tokens(self._tokens, self._clock())
             self._tokens = 0
@@ -124,7 +199,7 @@ class SSEFilter:
             chunk = _parse(self._last_json_event(self._last_counted))
             if chunk is not None and not _has_token(chunk.get("choices") or []):
                 self._tracker.tokens(-1, self._clock())
-        rest, self._rest = self._rest, b""
+        rest = self._rest.take()
         return rest if rest.strip() else b""
 
     def _last_json_event(self, counted: bytes) -> bytes:

@@ -14,7 +14,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.common.headers import QUEUE_HEADER, queue_header_value
 from gateway.control.window import Outcome
 from gateway.server.relay.request_watch import RequestWatch, Stop
-from gateway.server.relay.sse import StreamWatcher
+from gateway.server.relay.sse import EventTooLarge, StreamWatcher
 from gateway.server.upstream.upstream_client import UpstreamReply
 
 log = logging.getLogger("sweetspot.proxy")
@@ -27,7 +27,10 @@ class ProxyStreamResponse(Response):
     The request's :class:`RequestWatch` may cancel this task: for a client hang-up (the request ends
     quietly), for the drain deadline (an error event saying the gateway is shutting down), or because no
     first token came by ``first_token_deadline`` (loop time; an error event saying the upstream timed out).
-    A silence longer than the client's ``sock_read`` timeout ends the stream with an error event too.
+    From the first token on, a silence longer than ``stream_idle_timeout_s`` ends the stream with an error
+    event too (:meth:`UpstreamReply.bound_silence`). Those are a stream's only bounds in time: one that keeps
+    producing may run past ``upstream_timeout_s``, which bounds whole answers. An event that grows past its
+    bound without ending (:class:`EventTooLarge`) ends the stream with an error event, an upstream error.
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class ProxyStreamResponse(Response):
                 if overdue is not None and sse.seen_token:
                     overdue.cancel()
                     overdue = None
+                    self._reply.bound_silence()  # the first token came: from now on, silence has a bound
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             tail = sse.flush()
@@ -128,6 +132,13 @@ class ProxyStreamResponse(Response):
                     "body": self._error_event("the upstream went silent mid-stream", "upstream_timeout", 504),
                 }
             )
+        except EventTooLarge as exc:
+            outcome = Outcome.UPSTREAM_ERROR
+            log.warning("upstream stream broke: %s", exc)
+            # The blank line ends the unfinished event a named-event stream passed on; to a reader of whole
+            # events (a chat stream's, whose unfinished event was kept back) it is nothing.
+            body = b"\n\n" + self._error_event(str(exc), "upstream_event_too_large", 502)
+            await send({"type": "http.response.body", "more_body": True, "body": body})
         except (aiohttp.ClientError, OSError) as exc:
             outcome = Outcome.UPSTREAM_ERROR
             log.warning("upstream stream broke: %s: %s", type(exc).__name__, exc)

@@ -20,7 +20,7 @@ from starlette.types import Receive, Scope
 
 from gateway.common.headers import QUEUE_HEADER, queue_header_value
 from gateway.control.window import Outcome
-from gateway.server.admission.admission_queue import AdmissionError, Permit, QueueTimeout
+from gateway.server.admission.admission_queue import AdmissionError, Permit, QueueTimeout, ShuttingDown
 from gateway.server.admission.routing import RouteHint
 from gateway.server.admission.tenants import Tenant
 from gateway.server.parts import Gateway
@@ -31,6 +31,7 @@ from gateway.server.relay.measure import RequestTracker
 from gateway.server.relay.request_watch import ClientGone, RequestWatch, ServerShutdown
 from gateway.server.relay.sse import SSEFilter, StreamWatcher
 from gateway.server.relay.streaming import ProxyStreamResponse
+from gateway.server.relay.whole_answer import AnswerTooLarge, answer_head, read_capped
 from gateway.server.routes.auth import UNAUTHORIZED
 from gateway.server.routes.errors import error_response, sse_error_event
 from gateway.server.routes.inbound import BodyRefused, RequestHeaders, read_body
@@ -38,6 +39,7 @@ from gateway.server.routes.table import Route
 from gateway.server.routes.validation import (
     BadRequest,
     parse_body,
+    sequences,
     with_usage_requested,
 )
 from gateway.server.upstream.pool import Upstream
@@ -67,15 +69,24 @@ class Forward:
         self.tracker = RequestTracker(arrived=self.gateway.clock(), clock=self.gateway.clock)
         self.headers = RequestHeaders(scope["headers"], self.gateway.settings.priority_header, gateway.tenants.header)
         self.tenant: Tenant | None = None
-        self.request_id = self.headers.request_id or secrets.token_hex(16)
+        # The gateway's own id goes upstream (vLLM makes it its request id): two clients, or two tenants, that
+        # send the same X-Request-Id must not collide there. The client's is echoed back and logged beside it.
+        self.request_id = secrets.token_hex(16)
+        self.client_request_id = self.headers.request_id
         self.permit: Permit[Upstream] | None = None  # the permit held right now, for the last-resort clean-up
+        self.slots = 1  # sequences the request runs (n x prompts): slots of the limit it holds
         self.refused: str | None = None  # the rejection reason, when the gateway refused it itself
         self.watch: RequestWatch | None = None
+
+    @property
+    def shown_request_id(self) -> str:
+        """The X-Request-Id the client is answered with: its own when it sent one, else the gateway's."""
+        return self.client_request_id or self.request_id
 
     def _answer(self, response: Response) -> Response:
         streams = isinstance(response, ProxyStreamResponse)
         if not streams:  # a stream is built with them, and logged when it ends
-            response.headers["x-request-id"] = self.request_id
+            response.headers["x-request-id"] = self.shown_request_id
             if self.permit is not None:
                 response.headers[QUEUE_HEADER] = queue_header_value(self.tracker.queue_wait)
             self._log_access(response.status_code)
@@ -89,6 +100,7 @@ class Forward:
                 {
                     "event": "access",
                     "request_id": self.request_id,
+                    "client_request_id": self.client_request_id,
                     "method": "POST",
                     "route": self.route.path,
                     "status": status,
@@ -124,15 +136,16 @@ class Forward:
         )
 
     def _refuse_admission(self, refusal: AdmissionError) -> Response:
-        return self._refuse(refusal.status, str(refusal), refusal.reason, retry_after_s=refusal.retry_after_s)
+        response = self._refuse(refusal.status, str(refusal), refusal.reason, retry_after_s=refusal.retry_after_s)
+        if isinstance(refusal, ShuttingDown):
+            response.headers["connection"] = "close"  # a retry reconnects, landing on another replica
+        return response
 
     async def run(self) -> Response:
         gateway = self.gateway
         settings = gateway.settings
         if gateway.drain.draining:
-            response = self._refuse_admission(shutting_down())
-            response.headers["connection"] = "close"
-            return response
+            return self._refuse_admission(shutting_down())
         tenant = gateway.tenants.identify(self.headers.authorization, self.headers.api_key, named=self.headers.tenant)
         if tenant is None:
             return self._refuse(401, "invalid or missing API key", UNAUTHORIZED, code="invalid_api_key")
@@ -170,11 +183,31 @@ class Forward:
             return self._refuse(
                 404, f"the model `{model}` does not exist on any upstream", "model_not_found", param="model"
             )
-        self.tracker.model = model  # served by an upstream: a bounded label value from here on
+        self.slots = slots = sequences(parsed)
+        widest = gateway.pool.widest_admitted(eligible, settings)
+        if slots > widest:
+            return self._refuse(
+                400,
+                f"this request runs {slots} sequences at once (n x prompts); the gateway admits at most {widest} "
+                "per request: ask for fewer choices or send fewer prompts per request",
+                "too_many_sequences",
+                code="invalid_request",
+                param="n" if getattr(parsed, "n", None) else "prompt",
+            )
+        self.tracker.requested_model = model
+        self.tracker.model = gateway.pool.model_label(model)  # a bounded label value from here on
         previous = getattr(parsed, "previous_response_id", None)
         if previous is not None:
             # A conversation continues where its state is: the upstream that created the previous response.
-            owner = gateway.responses.upstream_of(previous)
+            # With client keys only its own tenant may continue it; any other id does not exist for this one.
+            owner = gateway.responses.upstream_of(previous, tenant)
+            if owner is None and gateway.responses.owned:
+                return self._refuse(
+                    404,
+                    f"no response with id {previous[:130]!r}",
+                    "response_not_found",
+                    param="previous_response_id",
+                )
             if owner is not None and owner in eligible:
                 eligible = [owner]
         # Several upstreams could take it: the router weighs where its prompt's prefix is cached against load.
@@ -187,10 +220,11 @@ class Forward:
             if not forward_usage:
                 # Ask for usage so token counts are always known; the usage chunk is dropped on the way back.
                 body = with_usage_requested(body, options)
+        del parsed  # the request waits as its raw body (counted against max_queued_bytes), not as a parsed tree
         self.watch = watch = RequestWatch(self.receive, gateway.drain.running)
         handed_off = False
         try:
-            permit = await self._admit(eligible, priority, watch, hint)
+            permit = await self._admit(eligible, priority, watch, hint, len(body))
             response = await self._send(permit, eligible, body, stream, forward_usage, watch)
             handed_off = isinstance(response, ProxyStreamResponse)
             return self._answer(response)
@@ -224,7 +258,7 @@ class Forward:
             raise BadRequest(str(exc), param=self.gateway.settings.priority_header) from None
 
     async def _admit(
-        self, eligible: list[str], priority: int, watch: RequestWatch, hint: RouteHint | None = None
+        self, eligible: list[str], priority: int, watch: RequestWatch, hint: RouteHint | None, nbytes: int
     ) -> Permit[Upstream]:
         """Wait for a permit; a client that leaves first raises ClientGone and never reaches an upstream."""
         gateway = self.gateway
@@ -239,6 +273,8 @@ class Forward:
                     eligible=eligible,
                     timeout_s=gateway.settings.queue_timeout_s,
                     hint=hint,
+                    slots=self.slots,
+                    nbytes=nbytes,
                 )
             )
         except ClientGone:
@@ -274,12 +310,14 @@ class Forward:
         authorization = None if own_keys else self.headers.authorization
         api_key = None if own_keys else self.headers.api_key
         gateway.metrics.overhead.observe(max(gateway.clock() - self.tracker.arrived - self.tracker.queue_wait, 0.0))
-        # A stream's headers come before its first token: both are due within first_token_timeout_s of now.
-        headers_timeout = settings.first_token_timeout_s if stream else settings.upstream_timeout_s
-        first_token_deadline = asyncio.get_running_loop().time() + settings.first_token_timeout_s
+        # A stream's headers come before its first token: both are due within first_token_timeout_s of now
+        # (a failover's too), and nothing else bounds a stream until its first token.
+        loop = asyncio.get_running_loop()
+        first_token_deadline = loop.time() + settings.first_token_timeout_s
         failed_over = False
         while True:
             upstream = permit.target
+            headers_timeout = max(first_token_deadline - loop.time(), 0.0) if stream else settings.upstream_timeout_s
             headers = request_headers(
                 settings.upstream_api_key,
                 authorization,
@@ -314,7 +352,7 @@ class Forward:
                 alternative = None
                 if exc.not_processed and not failed_over:
                     others = [name for name in eligible if name != upstream.name]
-                    alternative = gateway.queue.try_acquire(others, permit.tenant) if others else None
+                    alternative = gateway.queue.try_acquire(others, permit.tenant, permit.slots) if others else None
                 if alternative is not None:
                     gateway.metrics.upstream_retries.labels(upstream.name, "failover").inc()
                     gateway.queue.release(permit, self.tracker.failed_attempt(gateway.metrics))
@@ -364,13 +402,21 @@ class Forward:
         first_token_deadline: float,
     ) -> Response:
         route, clock = self.route, self.gateway.clock
-        named = None if route.events is None else NamedEventFilter(self.tracker, clock, route.events)
-        sse: StreamWatcher = named if named is not None else SSEFilter(self.tracker, clock, forward_usage=forward_usage)
+        # One event is part of an answer: never more than a whole answer may be (max_response_bytes).
+        bound = self.gateway.settings.max_response_bytes
+        named = (
+            None if route.events is None else NamedEventFilter(self.tracker, clock, route.events, max_event_bytes=bound)
+        )
+        sse: StreamWatcher = (
+            named
+            if named is not None
+            else SSEFilter(self.tracker, clock, forward_usage=forward_usage, max_event_bytes=bound)
+        )
 
         def done(outcome: Outcome) -> None:
             watch.close()
             if named is not None and route.remembers_responses and named.response_id is not None:
-                self.gateway.responses.remember(named.response_id, permit.target.name)
+                self.gateway.responses.remember(named.response_id, permit.target.name, self.tenant)
             self._release(permit, outcome)
             self._log_access(reply.status)
 
@@ -380,7 +426,7 @@ class Forward:
         return ProxyStreamResponse(
             reply,
             sse,
-            request_id=self.request_id,
+            request_id=self.shown_request_id,
             queue_seconds=self.tracker.queue_wait,
             watch=watch,
             first_token_deadline=first_token_deadline,
@@ -389,8 +435,9 @@ class Forward:
         )
 
     async def _buffered(self, permit: Permit[Upstream], reply: UpstreamReply, watch: RequestWatch) -> Response:
+        limit = self.gateway.settings.max_response_bytes
         try:
-            payload = await watch.guard(reply.response.read())
+            payload = await watch.guard(read_capped(reply.response, limit))
         except ClientGone:
             reply.close()
             self._release(permit, Outcome.CLIENT_CANCELLED)
@@ -402,6 +449,17 @@ class Forward:
         except TimeoutError:
             reply.close()
             return self._finish(permit, Outcome.TIMED_OUT, self._timeout_response(permit.target))
+        except AnswerTooLarge:
+            reply.close()
+            message = (
+                f"{permit.target.public_name}'s answer is over the gateway's {limit}-byte bound for a whole answer: "
+                "stream it (stream=true), or ask for fewer choices, tokens or logprobs"
+            )
+            return self._finish(
+                permit,
+                Outcome.OK,  # the upstream did its job; the answer is the gateway's to refuse
+                error_response(502, message, code="response_too_large", dialect=self.route.dialect),
+            )
         except Exception as exc:  # noqa: BLE001 (aiohttp.ClientError and friends: the body broke off, a 502)
             reply.close()
             return self._finish(
@@ -418,16 +476,13 @@ class Forward:
         status = reply.status
         outcome = Outcome.OK if status < 400 else Outcome.CLIENT_ERROR if status < 500 else Outcome.UPSTREAM_ERROR
         if status == 200:
-            try:
-                answer = json.loads(payload)
-            except ValueError:
-                answer = None
-            if isinstance(answer, dict):
-                usage = self.route.usage(answer)
+            head = answer_head(payload)
+            if head is not None:
+                usage = self.route.usage(head)
                 if usage is not None:
                     self.tracker.usage(usage)
-                if self.route.remembers_responses and isinstance(answer.get("id"), str):
-                    self.gateway.responses.remember(answer["id"], permit.target.name)
+                if self.route.remembers_responses and isinstance(head["id"], str):
+                    self.gateway.responses.remember(head["id"], permit.target.name, self.tenant)
         content_type = reply.response.headers.get("content-type", "application/json")
         return self._finish(permit, outcome, Response(payload, status_code=status, media_type=content_type))
 

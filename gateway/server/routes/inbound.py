@@ -9,7 +9,8 @@ from starlette.types import Receive
 
 from gateway.server.relay.request_watch import ClientGone
 
-#: An X-Request-Id the gateway accepts from a client (it goes upstream and into logs): short, printable ASCII.
+#: An X-Request-Id the gateway accepts from a client (echoed back, and logged beside the gateway's own id, which
+#: is what goes upstream): short, printable ASCII.
 _REQUEST_ID = re.compile(rb"[!-~]{1,128}")
 #: A tenant name a header may carry: anything else is ignored (the request is the default tenant's).
 _TENANT = re.compile(rb"[A-Za-z0-9_.-]{1,64}")

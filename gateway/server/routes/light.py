@@ -3,18 +3,22 @@
 * ``/tokenize``, ``/detokenize``, ``/v1/messages/count_tokens``: routed by the body's ``model`` (any healthy
   upstream when it names none), to the one with the most free permits.
 * ``GET`` / ``DELETE /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``: to the upstream that created the
-  response (:class:`~gateway.server.upstream.response_affinity.ResponseAffinity`); an id the gateway does not know
-  (created before it started, or forgotten) is asked of each healthy upstream in turn, and the backend's own
-  404 is the answer when none has it.
+  response (:class:`~gateway.server.upstream.response_affinity.ResponseAffinity`). Without client keys, an id the
+  gateway does not know (created before it started, or forgotten) is asked of each healthy upstream in turn,
+  and the backend's own 404 is the answer when none has it. With keys, a stored response is the tenant's that
+  created it: another tenant's id, or one the gateway does not know, is a 404 without asking any upstream.
+  An id not of the form of :data:`~gateway.server.upstream.response_affinity.RESPONSE_ID` is a 400.
 * The operator's ``passthrough_paths``: any method, passed on as they are. Nothing else of a backend is
   reachable, so its admin routes are never exposed by accident.
 
-Auth, the drain and the client's error dialect apply as on the generation routes.
+Auth, the drain and the client's error dialect apply as on the generation routes: a light request running when
+the drain begins is counted (``DrainState.light``) and may finish, as a generation may.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable
 
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
@@ -26,6 +30,7 @@ from gateway.server.routes.auth import unauthorized
 from gateway.server.routes.errors import Dialect, error_response
 from gateway.server.routes.inbound import BodyRefused, RequestHeaders, read_body
 from gateway.server.upstream.pool import Upstream
+from gateway.server.upstream.response_affinity import RESPONSE_ID
 from gateway.server.upstream.upstream_client import UpstreamFailed
 from gateway.server.upstream.upstream_headers import request_headers
 
@@ -115,6 +120,16 @@ class _Light:
             return response
 
 
+async def _counted(request: Request, work: Awaitable[Response]) -> Response:
+    """Run one light request, counted among the requests the drain lets finish until it is answered."""
+    drain = request.app.state.gateway.drain
+    drain.light += 1
+    try:
+        return await work
+    finally:
+        drain.light -= 1
+
+
 async def _admitted(request: Request, dialect: Dialect = Dialect.OPENAI) -> tuple[_Light, bytes] | Response:
     """The request and its body, or the answer when it may not go on (draining, no key, too large)."""
     light = _Light(request, dialect)
@@ -135,7 +150,12 @@ async def _by_model(request: Request, dialect: Dialect = Dialect.OPENAI) -> Resp
     except ValueError:
         return error_response(400, "request body is not valid JSON", code="invalid_json", dialect=dialect)
     model = parsed.get("model") if isinstance(parsed, dict) else None
-    upstreams = light.candidates(model if isinstance(model, str) else None)
+    named = model if isinstance(model, str) else None
+    if named is not None and not light.gateway.pool.eligible(named):
+        return error_response(
+            404, f"the model `{named}` does not exist on any upstream", code="model_not_found", dialect=dialect
+        )
+    upstreams = light.candidates(named)
     if not upstreams:
         return error_response(
             503, "no healthy upstream serves this request", reason="no_upstream", retry_after_s=2, dialect=dialect
@@ -145,57 +165,73 @@ async def _by_model(request: Request, dialect: Dialect = Dialect.OPENAI) -> Resp
 
 @router.post("/tokenize")
 async def tokenize(request: Request) -> Response:
-    return await _by_model(request)
+    return await _counted(request, _by_model(request))
 
 
 @router.post("/detokenize")
 async def detokenize(request: Request) -> Response:
-    return await _by_model(request)
+    return await _counted(request, _by_model(request))
 
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request) -> Response:
-    return await _by_model(request, Dialect.ANTHROPIC)
+    return await _counted(request, _by_model(request, Dialect.ANTHROPIC))
 
 
-async def _stored(request: Request, response_id: str) -> Response:
+async def _stored(request: Request, response_id: str, action: str = "") -> Response:
     admitted = await _admitted(request)
     if isinstance(admitted, Response):
         return admitted
     light, body = admitted
-    owner = light.gateway.responses.upstream_of(response_id)
+    if RESPONSE_ID.fullmatch(response_id) is None:
+        return error_response(
+            400,
+            "a response id is 1 to 128 letters, digits, '_' or '-'",
+            code="invalid_request",
+            param="response_id",
+        )
+    not_found = error_response(
+        404, f"no response with id {response_id!r}", code="response_not_found", param="response_id"
+    )
+    responses = light.gateway.responses
+    tenant = light.gateway.tenants.identify(light.headers.authorization, light.headers.api_key)
+    owner = responses.upstream_of(response_id, tenant)
+    if owner is None and responses.owned:
+        return not_found  # another tenant's, or one this gateway did not see created: nobody's to this tenant
     upstreams = light.candidates(None) if owner is None else [u for u in light.gateway.pool if u.name == owner]
+    path = f"/v1/responses/{response_id}{action}"  # built from the checked id, never from the request's path
     answer: Response | None = None
     for upstream in upstreams:
-        answer = await light.send(upstream, request.url.path, body or None)
+        answer = await light.send(upstream, path, body or None)
         if answer.status_code != 404:
             if owner is None and answer.status_code < 400:
-                light.gateway.responses.remember(response_id, upstream.name)
+                responses.remember(response_id, upstream.name, tenant)
             return answer
-    return answer or error_response(
-        404, f"no response with id {response_id!r} on any upstream", code="response_not_found", param="response_id"
-    )
+    return answer or not_found
 
 
 @router.get("/v1/responses/{response_id}")
 async def get_response(request: Request, response_id: str) -> Response:
-    return await _stored(request, response_id)
+    return await _counted(request, _stored(request, response_id))
 
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(request: Request, response_id: str) -> Response:
-    return await _stored(request, response_id)
+    return await _counted(request, _stored(request, response_id))
 
 
 @router.post("/v1/responses/{response_id}/cancel")
 async def cancel_response(request: Request, response_id: str) -> Response:
-    return await _stored(request, response_id)
+    return await _counted(request, _stored(request, response_id, "/cancel"))
 
 
 def add_passthrough(app: FastAPI, paths: list[str]) -> None:
     """Route each operator-listed path, any method, to a healthy upstream as it is."""
 
     async def passthrough(request: Request) -> Response:
+        return await _counted(request, _passed(request))
+
+    async def _passed(request: Request) -> Response:
         admitted = await _admitted(request)
         if isinstance(admitted, Response):
             return admitted

@@ -30,7 +30,10 @@ async def readyz(request: Request) -> Response:
     The upstreams are the same for every replica: if their health decided readiness, a pool that is down
     would take every gateway out of its Service at once, and clients would get connection errors instead
     of the 503 + Retry-After the gateway answers them (and a rollout would stall). Their state is in the
-    body and in ``sweetspot_upstream_healthy``, which the alerts watch."""
+    body and in ``sweetspot_upstream_healthy``, which the alerts watch.
+
+    Anyone who can reach the gateway can read this, so it names each upstream by its public name and its
+    error in words that name no host (``health_error``); the exception's own words, which do, are on /state."""
     gateway: Gateway = request.app.state.gateway
     upstreams = {u.public_name: {"healthy": u.healthy, "error": u.health_error} for u in gateway.pool}
     draining = gateway.drain.draining
@@ -81,6 +84,7 @@ async def state(request: Request) -> Response:
             "url": upstream.url,
             "healthy": upstream.healthy,
             "health_error": upstream.health_error,
+            "health_detail": upstream.health_detail,
             "models": [m.get("id") for m in upstream.models] if upstream.models is not None else None,
             "limit": limiter.limit,
             "inflight": limiter.inflight,

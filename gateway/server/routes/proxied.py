@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.server.parts import Gateway
 from gateway.server.routes.auth import raw_header, unauthorized
 from gateway.server.routes.forward import Forward
+from gateway.server.routes.hosts import HOST_NOT_ALLOWED, host_refused, host_rule
 from gateway.server.routes.table import PROXIED, ROUTES, Route
 
 router = APIRouter()
@@ -57,13 +58,22 @@ class ProxiedRoutes:
     figures). Nothing is lost: :class:`~gateway.server.routes.forward.Forward` turns every exception into an
     OpenAI-shaped answer itself, and the same routes are registered in the FastAPI app too, so served either
     way they behave the same.
+
+    It checks the ``Host`` header first, on every route (:mod:`gateway.server.routes.hosts`).
     """
 
     def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
         self.app = app
         self.gateway = gateway
+        self.hosts = host_rule(gateway.settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.hosts is not None and scope["type"] == "http":
+            host = raw_header(scope["headers"], b"host")
+            if not self.hosts.allows(host):
+                self.gateway.metrics.rejections.labels(HOST_NOT_ALLOWED).inc()
+                await host_refused(host)(scope, receive, send)
+                return
         route = PROXIED.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
         if route is None:
             await self.app(scope, receive, send)

@@ -48,6 +48,16 @@ class CompletionRequest(_Common):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
 
+def sequences(parsed: BaseModel) -> int:
+    """How many sequences a request makes the backend run at once: ``n`` answers to each of its prompts (a
+    completions ``prompt`` list is a batch). Each is a slot of the backend's batch and of its KV cache, so
+    each holds a slot of the limit. Embeddings and the other routes run one."""
+    n = getattr(parsed, "n", None) or 1
+    prompt = getattr(parsed, "prompt", None)
+    prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+    return n * prompts
+
+
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 

@@ -16,6 +16,10 @@ from typing import Any
 from gateway.control.knee_search.capacity import Footprint
 from gateway.control.window import SlidingWindow
 from gateway.server.admission.admission_queue import Limiter
+from gateway.settings import Settings
+
+#: The ``model`` label of requests for a name no upstream lists.
+OTHER_MODELS = "other"
 
 
 @dataclass
@@ -28,7 +32,8 @@ class Upstream:
     public_name: str = "upstream"
     models: list[dict[str, Any]] | None = None  # None: not known (listing failed or unsupported)
     healthy: bool = True
-    health_error: str | None = None
+    health_error: str | None = None  # why it is down, naming no host (/readyz shows it)
+    health_detail: str | None = None  # the exception's own words, host and port included (/state only)
     last_health_check: float | None = None
     silent_probes: int = 0  # health polls in a row that got no answer
     timeouts_in_a_row: int = 0  # requests in a row that timed out
@@ -50,9 +55,10 @@ class Upstream:
 
     def mark_down(self, error: str, *, until: float = 0.0) -> None:
         """The request path found the upstream unusable: out of rotation until the health poll brings it
-        back, and not before ``until``."""
+        back, and not before ``until``. ``error`` names the upstream by its public name only."""
         self.healthy = False
         self.health_error = error
+        self.health_detail = None
         self.down_until = max(self.down_until, until)
 
     def request_ended(self, timed_out: bool, *, timeouts_to_down: int, now: float, hold_s: float) -> None:
@@ -66,7 +72,11 @@ class Upstream:
 
     def serves(self, model: str) -> bool:
         """Unknown model lists serve everything: never refuse on missing information."""
-        return self.models is None or any(entry.get("id") == model for entry in self.models)
+        return self.models is None or self.lists(model)
+
+    def lists(self, model: str) -> bool:
+        """Whether the upstream's own model list names ``model`` (False while the list is not known)."""
+        return self.models is not None and any(entry.get("id") == model for entry in self.models)
 
 
 class UpstreamPool:
@@ -80,6 +90,12 @@ class UpstreamPool:
 
     def __iter__(self) -> Iterator[Upstream]:
         return iter(self.upstreams)
+
+    def model_label(self, model: str) -> str:
+        """The ``model`` label value for a request's metrics: the name when an upstream lists it, else
+        :data:`OTHER_MODELS`. An upstream whose list cannot be read (a timeout, a 401) serves any name, and a
+        client could otherwise mint one series per name it sends."""
+        return model if any(upstream.lists(model) for upstream in self.upstreams) else OTHER_MODELS
 
     def eligible(self, model: str) -> list[str]:
         return [upstream.name for upstream in self.upstreams if upstream.serves(model)]
@@ -97,3 +113,15 @@ class UpstreamPool:
 
     def any_healthy(self) -> bool:
         return any(upstream.healthy for upstream in self.upstreams)
+
+    def widest_admitted(self, eligible: list[str], settings: Settings) -> int:
+        """The most sequences one request may run on any of ``eligible``: ``max_request_sequences``, and never
+        more than an upstream's limit could ever be (its static limit without the controller; ``limit_max``
+        and ``backend_max_seqs`` with it), so a request that could never be admitted is told so at once."""
+        ceiling = settings.limit_max
+        if settings.backend_max_seqs:
+            ceiling = min(ceiling, settings.backend_max_seqs)
+        widest = max(
+            (self.by_name[name].limiter.limit if not settings.control_enabled else ceiling) for name in eligible
+        )
+        return min(settings.max_request_sequences, widest)

@@ -59,10 +59,23 @@ class UpstreamReply:
     """An upstream response whose status and headers have arrived; the body is still unread."""
 
     response: aiohttp.ClientResponse
+    idle_timeout_s: float | None = None  # a stream's bound on silence, armed by :meth:`bound_silence`
 
     @property
     def status(self) -> int:
         return self.response.status
+
+    def bound_silence(self) -> None:
+        """From now on, a silence of ``idle_timeout_s`` between two reads of the body ends its read with a
+        ``TimeoutError`` (aiohttp's ``sock_read``, armed on the connection's protocol only now). Until then a
+        stream waits for its headers and first token under ``first_token_timeout_s`` alone, which may be the
+        longer: the upstream's queue and prefill are no silence of a decoding server."""
+        connection = self.response.connection
+        protocol = connection.protocol if connection is not None else None
+        if self.idle_timeout_s is None or protocol is None:
+            return  # not a stream, or its body has all arrived already
+        protocol.read_timeout = self.idle_timeout_s
+        protocol.start_timeout()
 
     def close(self) -> None:
         self.response.close()
@@ -71,17 +84,19 @@ class UpstreamReply:
 class UpstreamClient:
     """One pooled aiohttp session for all upstream traffic.
 
-    ``total_timeout_s`` bounds a whole request; a streamed one also ends when the upstream is silent for
-    ``stream_idle_timeout_s`` between two reads (aiohttp's ``sock_read``)."""
+    ``total_timeout_s`` bounds a whole request that is not streamed. A stream has no total bound: it may run
+    as long as it keeps producing. Its headers are bounded by the caller's ``headers_timeout_s`` (the
+    first-token bound), its first token by the caller, and from then on it ends when the upstream is silent
+    for ``stream_idle_timeout_s`` between two reads (:meth:`UpstreamReply.bound_silence`)."""
 
     def __init__(
         self, *, connect_timeout_s: float, total_timeout_s: float, stream_idle_timeout_s: float, metrics: GatewayMetrics
     ) -> None:
         self._connect_timeout_s = connect_timeout_s
+        self._stream_idle_timeout_s = stream_idle_timeout_s
         self._buffered = aiohttp.ClientTimeout(total=total_timeout_s, connect=connect_timeout_s)
-        self._streamed = aiohttp.ClientTimeout(
-            total=total_timeout_s, connect=connect_timeout_s, sock_read=stream_idle_timeout_s
-        )
+        # No total and no sock_read: aiohttp's sock_read would also run while the headers are awaited.
+        self._streamed = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s)
         self._metrics = metrics
         self._session: aiohttp.ClientSession | None = None
         self._poll_session: aiohttp.ClientSession | None = None
@@ -133,7 +148,9 @@ class UpstreamClient:
         headers_timeout_s: float,
     ) -> UpstreamReply:
         """POST and wait for the status line (at most ``headers_timeout_s``). ``name`` is how the upstream is
-        called in messages a client may read (never its URL).
+        called in messages a client may read (never its URL). A streamed reply's body has no bound on silence
+        until the caller arms it (:meth:`UpstreamReply.bound_silence`, at the first token), unless its status
+        is not 200 (an error's body: armed at once).
 
         Raises :class:`UpstreamFailed` when the answer never began or was a 5xx/429 (its ``not_processed``
         says whether another upstream may be tried), :class:`UpstreamTimeout` when it did not begin in time.
@@ -171,6 +188,9 @@ class UpstreamClient:
                 raise UpstreamFailed(
                     f"{name} dropped the connection before answering ({type(exc).__name__})", not_processed=False
                 ) from exc
+        reply = UpstreamReply(response, idle_timeout_s=self._stream_idle_timeout_s if stream else None)
+        if response.status != 200:
+            reply.bound_silence()  # an error's body, not a stream: no token to wait for
         if response.status >= 500 or response.status in REFUSAL_STATUSES:
             payload = await _read_quietly(response)
             raise UpstreamFailed(
@@ -180,7 +200,7 @@ class UpstreamClient:
                 body=payload,
                 retry_after=response.headers.get("Retry-After"),
             )
-        return UpstreamReply(response)
+        return reply
 
     async def forward(
         self,

@@ -1,0 +1,257 @@
+"""Every benchmark the docs cite runs to its end: each bench's ``--quick`` mode (or its cheapest selection) as a
+subprocess, exit 0, and its ``--json`` holding every figure the full run reports (not the figures' values: a
+run of seconds says nothing about them). Where a bench's full run is recorded in docs/*.json, the figures are
+that file's keys; otherwise they are listed here. docs/benchmarks.md lists each bench with its smoke run, or
+why it has none (the vLLM benches: vLLM's start alone takes minutes).
+
+One near-free llama-server serves the module (the benches that take ``--upstream``); the others start what
+they measure themselves, as a user's run does. Without the binary the module fails with "run `make
+llama-server`".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.overhead import COMPARED, PHASES
+from bench.soak import FAULTS
+from gateway.common.processes import RunningProcess
+from testbed.llama import llama_binary, start_llama_server
+from testbed.llama_process import NEAR_FREE_ALIAS, NEAR_FREE_MODEL
+from testbed.llama_server import LlamaServerConfig
+from testbed.tiny_gguf import ensure_model
+
+pytestmark = [pytest.mark.llama, pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+
+
+@pytest.fixture(scope="module")
+def upstream(module_processes) -> str:
+    """The near-free llama-server of ``bench.overhead`` (32 slots, HTTP threads for several proxies' pools)."""
+    llama_binary()  # fails with the command that builds it
+    config = LlamaServerConfig(
+        model=ensure_model(NEAR_FREE_MODEL),
+        port=0,
+        parallel=32,
+        threads=1,
+        alias=NEAR_FREE_ALIAS,
+        extra=("--threads-http", "256"),
+    )
+    proc: RunningProcess = start_llama_server(module_processes, config)
+    return proc.url
+
+
+def run_bench(module: str, *args: str, timeout_s: float = 180.0) -> str:
+    """``python -m bench.MODULE ARGS`` from the repository root; its output, or a failure that shows it.
+
+    On a timeout the bench gets SIGINT first, so its ``finally`` blocks stop the servers it started (they run
+    in sessions of their own), then SIGKILL."""
+    cmd = [sys.executable, "-m", f"bench.{module}", *args]
+    began = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            output, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+        pytest.fail(f"{' '.join(cmd[1:])} ran past {timeout_s:.0f} s:\n{output[-6000:]}", pytrace=False)
+    took = time.monotonic() - began
+    if proc.returncode != 0:
+        pytest.fail(
+            f"{' '.join(cmd[1:])} exited {proc.returncode} after {took:.0f} s:\n{output[-6000:]}",
+            pytrace=False,
+        )
+    print(f"{' '.join(cmd[1:])}: {took:.1f} s")
+    return output
+
+
+def missing(recorded: Any, got: Any, path: str = "$") -> list[str]:
+    """The keys of ``recorded`` (a full run's JSON) that ``got`` lacks, as paths: objects key by key, a list of
+    objects by its first item. A figure present with no value (null) counts as present."""
+    if isinstance(recorded, dict):
+        if got is None:
+            return []
+        if not isinstance(got, dict):
+            return [f"{path} (not an object: {got!r:.80})"]
+        out = []
+        for key, value in recorded.items():
+            if key not in got:
+                out.append(f"{path}.{key}")
+            else:
+                out += missing(value, got[key], f"{path}.{key}")
+        return out
+    if isinstance(recorded, list) and recorded and isinstance(recorded[0], dict):
+        if not isinstance(got, list) or not got:
+            return [f"{path} (no items)"]
+        return [m for item in got for m in missing(recorded[0], item, f"{path}[]")][: len(recorded[0]) + 1]
+    return []
+
+
+def recorded(name: str) -> Any:
+    return json.loads((DOCS / name).read_text())
+
+
+def test_overhead_quick(upstream, tmp_path):
+    """``bench.overhead --quick --peers --compare HEAD``: every phase, every figure of the recorded full run for
+    each proxy (the README's peers: ``bench/pump_floor.py``, ``bench/floor_proxy.py``, nginx when installed) and
+    both gateways (this tree's, and HEAD's from a temporary worktree that is removed afterwards), their ratios,
+    and the memory phase for both."""
+    out = tmp_path / "overhead.json"
+    worktrees = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
+    run_bench("overhead", "--quick", "--peers", "--upstream", upstream, "--compare", "HEAD", "--json", str(out))
+    got = json.loads(out.read_text())
+    full = recorded("overhead.json")
+    other = got["compare"]["name"]
+    assert other.startswith("gateway@"), got["compare"]
+    assert [p for p in got["proxies"] if p != "nginx"] == ["pump", "floor", "gateway", other]
+    assert set(got["phases"]) == set(PHASES) >= set(full["phases"])
+    problems = [
+        m
+        for phase, figures in full["phases"].items()
+        for name in got["proxies"]
+        for m in missing(figures["gateway"], got["phases"][phase][name], f"$.phases.{phase}.{name}")
+    ]
+    problems += missing({k: v for k, v in full.items() if k != "phases"}, got)
+    problems += missing(full["memory"], got["memory_by_gateway"][other], f"$.memory_by_gateway.{other}")
+    assert not problems, f"figures of the full run missing from the quick one: {problems}"
+    ratios = got["compare"]["ratios"]
+    assert set(ratios) == {*PHASES, "memory"}
+    assert all(set(ratios[phase]) == set(COMPARED) for phase in PHASES)
+    assert set(ratios["memory"]) == {"rss_mb", "rss_growth_mb"}
+    assert got["compare"]["commit"] and got["compare"]["ref"] == "HEAD"
+    after = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
+    left = [line for line in after.splitlines() if "/sweetspot-" in line and line not in worktrees.splitlines()]
+    assert not left, f"the compared ref's worktree was left behind: {left}"
+
+
+def test_workers_quick(upstream, tmp_path):
+    out = tmp_path / "workers.json"
+    run_bench("workers", "--quick", "--upstream", upstream, "--json", str(out))
+    got = json.loads(out.read_text())
+    full = recorded("workers.json")
+    problems = missing({k: v for k, v in full.items() if k != "proxies"}, got)
+    problems += [
+        m for name in ("workers=1", "workers=2") for m in missing(full["proxies"][name], got["proxies"].get(name, {}))
+    ]
+    assert {"workers=1", "workers=2"} <= set(got["proxies"])
+    assert not problems, problems
+
+
+def test_upstream_client_quick(upstream, tmp_path):
+    out = tmp_path / "upstream_client.json"
+    run_bench("upstream_client", "--quick", "--upstream", upstream, "--json", str(out))
+    got = json.loads(out.read_text())
+    for client in ("aiohttp", "httpx"):
+        assert set(got[client]) == {"ms_per_request", "ms_per_streamed_request"}, got
+
+
+def test_llama_direct_quick(tmp_path):
+    out = tmp_path / "llama_direct.json"
+    run_bench("llama_direct", "--quick", "--json", str(out))
+    got = json.loads(out.read_text())
+    assert [level["concurrency"] for level in got["levels"]] == [1, 2]
+    figures = {"tokens_per_s", "requests", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "load_before", "load_after"}
+    assert all(figures <= set(level) for level in got["levels"]), got["levels"]
+
+
+def test_llama_curve_quick(tmp_path):
+    out = tmp_path / "llama_curve.json"
+    docs = tmp_path / "llama_curve.md"
+    run_bench("llama_curve", "--quick", "--json", str(out), "--docs", str(docs))
+    got = json.loads(out.read_text())
+    full = recorded("llama-curve.json")
+    problems = missing({"meta": full["meta"], "rows": full["rows"]}, got)
+    problems += missing(full["levels"]["2"], got["levels"]["2"], "$.levels.2")
+    assert not problems, problems
+    assert "| " in docs.read_text()
+
+
+def test_baselines_real_quick(tmp_path):
+    """The llama-server half (the vLLM half needs minutes of vLLM's start-up: docs/benchmarks.md)."""
+    out = tmp_path / "baselines_real.json"
+    run_bench("baselines_real", "--quick", "--json", str(out))
+    got = json.loads(out.read_text())
+    problems = missing(recorded("baselines-real.json")["llama-server"], got["llama-server"], "$.llama-server")
+    assert not problems, problems
+
+
+def test_controller_scenarios_one(tmp_path):
+    out = tmp_path / "scenarios.json"
+    run_bench("controller_scenarios", "start_from_sweep", "--json", str(out))
+    got = json.loads(out.read_text())
+    figures = {"ok", "sweet_spot", "best_static", "settled", "convergence_s", "goodput", "goodput_ratio", "limits"}
+    assert got and all(figures <= set(phase) for phase in got), got
+
+
+def test_baselines_one(tmp_path):
+    out = tmp_path / "baselines.json"
+    run_bench("baselines", "start_from_sweep", "--schemes", "controller,threshold", "--json", str(out))
+    got = json.loads(out.read_text())
+    assert {row["scheme"] for row in got} == {"controller", "threshold"}
+    figures = {"goodput", "goodput_ratio", "ttft_p99_s", "tpot_p99_s", "preemptions", "convergence_s", "settled"}
+    assert all(row["phases"] and figures <= set(row["phases"][0]) for row in got), got
+
+
+def test_routing_quick(tmp_path):
+    out = tmp_path / "routing.json"
+    run_bench("routing", "--quick", "--json", str(out))
+    got = json.loads(out.read_text())
+    full = recorded("routing.json")
+    assert {row["policy"] for row in got["summary"]} == {"prefix", "least_loaded"}
+    # decisions: counts by the kind of routing decision, which depend on the policy and the run
+    runs = [{k: v for k, v in run.items() if k != "decisions"} for run in full["runs"]]
+    problems = missing({"summary": full["summary"], "runs": runs}, got)
+    assert all("decisions" in run for run in got["runs"])
+    assert not problems, problems
+
+
+def test_sim_throughput_quick(tmp_path):
+    out = tmp_path / "sim_throughput.json"
+    run_bench("sim_throughput", "--quick", "--json", str(out))
+    got = json.loads(out.read_text())
+    figures = {"predicted_tokens_per_s", "chunks_per_s", "ratio", "server_cpu_percent", "client_cpu_percent"}
+    assert len(got) == 1 and figures <= set(got[0]), got
+
+
+def test_soak_quick(tmp_path):
+    """Every fault, one every 2 s; the bench itself exits 1 on a lost request or a permit not given back."""
+    out = tmp_path / "soak.json"
+    run_bench("soak", "--quick", "--json", str(out))
+    got = json.loads(out.read_text())
+    full = recorded("soak.json")
+    # endings: counts by how requests ended (error_429, hung_up, ...), which depend on the run
+    assert not missing({k: v for k, v in full.items() if k != "endings"}, got)
+    assert got["endings"].get("completed"), got["endings"]
+    assert {name for _, name in got["faults"]} == set(FAULTS), got["faults"]
+
+
+def test_tenants_quick(tmp_path):
+    out = tmp_path / "tenants.json"
+    run_bench("tenants", "--quick", "--json", str(out))
+    got = json.loads(out.read_text())
+    full = recorded("tenants.json")
+    problems = missing({case: full[case] for case in ("noisy", "weights", "classes")}, got)
+    assert not problems, problems
