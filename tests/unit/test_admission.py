@@ -7,7 +7,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.server.admission.admission_queue import AdmissionQueue, Limiter, NoHealthyUpstream, QueueFull, QueueTimeout
+from gateway.server.admission.admission_queue import (
+    AdmissionQueue,
+    Limiter,
+    NoHealthyUpstream,
+    QueueBytesFull,
+    QueueFull,
+    QueueTimeout,
+)
 
 
 class FakeClock:
@@ -303,3 +310,28 @@ async def test_a_failover_takes_as_many_slots_as_the_request() -> None:
     assert queue.try_acquire(["b"], slots=3) is None
     queue.release(first)
     queue.release(other)
+
+
+async def test_queued_bodies_are_bounded_in_bytes() -> None:
+    """max_queued_bytes counts the bodies waiting: past it a 429 with Retry-After, whatever max_queue allows;
+    the bytes leave the budget when a waiter is admitted or gives up."""
+    queue: AdmissionQueue[Target] = AdmissionQueue(
+        targets(a=1), max_queue=100, max_queued_bytes=1000, clock=FakeClock()
+    )
+    running = await queue.acquire(timeout_s=1, nbytes=900)  # admitted at once: never queued, never counted
+    assert queue.queued_bytes == 0
+    first = asyncio.create_task(queue.acquire(timeout_s=5, nbytes=600))
+    await asyncio.sleep(0)
+    assert queue.queued_bytes == 600
+    with pytest.raises(QueueBytesFull) as full:
+        await queue.acquire(timeout_s=5, nbytes=500)
+    assert full.value.status == 429 and full.value.retry_after_s >= 1
+    small = asyncio.create_task(queue.acquire(timeout_s=5, nbytes=400))
+    await asyncio.sleep(0)
+    assert queue.queued_bytes == 1000
+    small.cancel()
+    await asyncio.gather(small, return_exceptions=True)
+    assert queue.queued_bytes == 600
+    queue.release(running)
+    queue.release(await first)
+    assert queue.queued_bytes == 0
