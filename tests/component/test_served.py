@@ -24,6 +24,8 @@ from tests.component.conftest import (
     Gate,
     GatewayUnderTest,
     Stage,
+    body_then,
+    chat_answer,
     stream,
     token,
     until,
@@ -98,6 +100,37 @@ async def test_a_stream_over_a_real_connection_and_a_hang_up_the_server_notices(
         await upstream.wait(lambda: seen.aborted)
         await until(lambda: gw.inflight() == 0)
         assert gw.outcomes(upstream) == {"ok": 1, "client_cancelled": 1}
+    gw.assert_settled()
+
+
+async def test_hang_ups_while_queued_and_while_answered_whole_are_noticed_on_the_connection(stage: Stage) -> None:
+    """Under the gateway's own protocol a request learns of its client's hang-up from the connection itself
+    (gateway.common.connection_loss), not from a task waiting on receive(): a client that hangs up while its
+    request waits for a whole answer has the upstream request aborted, one that hangs up while queued leaves
+    the queue, and both give back what they held."""
+    upstream = await stage.upstream()
+    gate = Gate()
+    payload = json.dumps(chat_answer("held")).encode()
+    upstream.then(body_then(payload, sent=0, end="hang", gate=gate))
+    gw = await stage.gateway(upstream, initial_limit=1)
+    body = {"model": MODEL, "messages": CHAT}
+    async with (
+        served(gw) as url,
+        httpx.AsyncClient(base_url=url, timeout=BOUND_S) as first,
+        httpx.AsyncClient(base_url=url, timeout=BOUND_S) as second,
+    ):
+        running = asyncio.create_task(first.post("/v1/chat/completions", json=body))
+        (seen,) = await upstream.received_count(1)
+        queued = asyncio.create_task(second.post("/v1/chat/completions", json=body))
+        await until(lambda: gw.parts.queue.depth == 1)
+        queued.cancel()  # the client's connection closes while its request is queued
+        await until(lambda: gw.parts.queue.depth == 0)
+        running.cancel()  # and while the first one waits for its whole answer
+        await upstream.wait(lambda: seen.aborted)
+        await until(lambda: gw.inflight() == 0)
+        assert gw.outcomes(upstream) == {"client_cancelled": 1}
+        assert len(upstream.posts()) == 1
+    gate.open()
     gw.assert_settled()
 
 

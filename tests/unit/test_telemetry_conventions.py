@@ -11,6 +11,7 @@ import json
 import logging
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
@@ -186,6 +187,20 @@ def test_logs_are_one_json_object_per_line(root_logging: None, capsys: pytest.Ca
     assert change["logger"] == "sweetspot.controller" and "timestamp" in change
     assert access["logger"] == "sweetspot.access" and access["status"] == 200 and access["output_tokens"] == 16
     assert failure["message"] == "request r2 failed" and "RuntimeError: multi\nline" in failure["exc_info"]
+
+
+def test_a_log_line_holds_any_value(root_logging: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """Whatever a field holds, the line is one JSON object: a value JSON has no form for becomes its text,
+    NaN becomes null, and a newline or a non-ASCII character in a message is escaped or kept, never a break."""
+    configure_logging("info", "json")
+    logging.getLogger("sweetspot.test").warning(
+        "odd\nvalues: é", extra={"path": Path("/x"), "ratio": float("nan"), "nested": {"a": [1, None]}}
+    )
+    (line,) = capsys.readouterr().err.splitlines()
+    record = json.loads(line)
+    assert record["message"] == "odd\nvalues: é" and record["level"] == "WARNING"
+    assert record["path"] == "/x" and record["ratio"] is None and record["nested"] == {"a": [1, None]}
+    assert record["timestamp"].endswith("+00:00")
 
 
 def test_uvicorn_lines_are_json_without_terminal_colours(

@@ -12,6 +12,10 @@ could send megabytes of headers (each connection buffering them) or open connect
   byte (a new connection, of its opening), else 408 and closed. Idle kept-alive connections are closed by
   uvicorn's own keep-alive timeout; the body's own timeout is the request path's (it reads the body).
 
+It also tells each request the moment its connection is lost, through a
+:class:`~gateway.common.connection_loss.ConnectionLoss` in the request's scope, so the request path needs no
+task per request waiting on ``receive()`` for the hang-up.
+
 Each refusal is an OpenAI-shaped JSON error and is counted in ``sweetspot_rejections_total``.
 """
 
@@ -19,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.common.connection_loss import EXTENSION, ConnectionLoss
 from gateway.server.routes.errors import error_body
 
 _REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
@@ -64,6 +70,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._oversized = False  # the current request's head was complete but too large: not run
         self._in_head = True  # reading a request's head (or waiting for the first byte of one)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._losses: deque[ConnectionLoss] = deque()  # of the requests begun and not answered yet, oldest first
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -80,6 +87,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
         super().connection_lost(exc)
+        while self._losses:
+            self._losses.popleft().fire()
 
     def data_received(self, data: bytes) -> None:
         if self._in_head:
@@ -93,6 +102,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._in_head = True
         self._arm_head_timer()
+        loss = ConnectionLoss()
+        self._losses.append(loss)
+        self.scope["extensions"] = {EXTENSION: loss}  # type: ignore[dict-item]
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -115,6 +127,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         self._in_head = True  # the next bytes are the next request's head
+        if self._losses:
+            self._losses.popleft()  # answered: a later loss of the connection is not this request's
         super().on_response_complete()
 
     def _arm_head_timer(self) -> None:

@@ -10,6 +10,8 @@ from typing import TypeVar
 
 from starlette.types import Receive
 
+from gateway.common.connection_loss import ConnectionLoss
+
 T = TypeVar("T")
 
 
@@ -47,13 +49,20 @@ class RequestWatch:
     request is in ``registry`` (the drain's set of running requests).
     """
 
-    def __init__(self, receive: Receive, registry: set[RequestWatch]) -> None:
+    def __init__(self, receive: Receive, registry: set[RequestWatch], loss: ConnectionLoss | None = None) -> None:
         self._task = asyncio.current_task()
         self.reason: Stop | None = None
         self._registry = registry
         registry.add(self)
-        self._watcher = asyncio.ensure_future(self._watch(receive))
-        self._watcher.add_done_callback(self._on_gone)
+        # ``loss``: the gateway's own protocol says when the connection is lost (gateway.common.connection_loss);
+        # without it, under another server, a task waits on receive() for the disconnect.
+        self._loss = loss
+        self._watcher: asyncio.Future[None] | None = None
+        if self._loss is not None:
+            self._loss.subscribe(self._client_gone)
+        else:
+            self._watcher = asyncio.ensure_future(self._watch(receive))
+            self._watcher.add_done_callback(self._on_gone)
 
     @staticmethod
     async def _watch(receive: Receive) -> None:
@@ -64,6 +73,9 @@ class RequestWatch:
     def _on_gone(self, watcher: asyncio.Future[None]) -> None:
         if not watcher.cancelled():
             self.stop(Stop.CLIENT_GONE)
+
+    def _client_gone(self) -> None:
+        self.stop(Stop.CLIENT_GONE)
 
     def stop(self, reason: Stop) -> None:
         """Cancel the request's task for ``reason`` (the first reason given wins)."""
@@ -99,5 +111,8 @@ class RequestWatch:
     def close(self) -> None:
         """The request ended: stop watching it."""
         self._registry.discard(self)
-        self._watcher.remove_done_callback(self._on_gone)
-        self._watcher.cancel()
+        if self._loss is not None:
+            self._loss.unsubscribe()
+        if self._watcher is not None:
+            self._watcher.remove_done_callback(self._on_gone)
+            self._watcher.cancel()

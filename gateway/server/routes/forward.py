@@ -18,6 +18,7 @@ import time
 from starlette.responses import Response
 from starlette.types import Receive, Scope
 
+from gateway.common.connection_loss import connection_loss
 from gateway.common.headers import QUEUE_HEADER, queue_header_value
 from gateway.control.window import Outcome
 from gateway.server.admission.admission_queue import AdmissionError, Permit, QueueTimeout, ShuttingDown
@@ -64,6 +65,7 @@ class Forward:
 
     def __init__(self, gateway: Gateway, scope: Scope, receive: Receive, route: Route) -> None:
         self.receive = receive
+        self.connection_loss = connection_loss(scope)
         self.route = route
         self.gateway = gateway
         self.tracker = RequestTracker(arrived=self.gateway.clock(), clock=self.gateway.clock)
@@ -221,7 +223,7 @@ class Forward:
                 # Ask for usage so token counts are always known; the usage chunk is dropped on the way back.
                 body = with_usage_requested(body, options)
         del parsed  # the request waits as its raw body (counted against max_queued_bytes), not as a parsed tree
-        self.watch = watch = RequestWatch(self.receive, gateway.drain.running)
+        self.watch = watch = RequestWatch(self.receive, gateway.drain.running, self.connection_loss)
         handed_off = False
         try:
             permit = await self._admit(eligible, priority, watch, hint, len(body))
