@@ -11,6 +11,10 @@ Envoy's gradient controller, Netflix's Gradient2, Vegas and AIMD on latency.
     python -m bench.baselines --quick                      # the five shifting scenarios only
     python -m bench.baselines --docs docs/controller.md --plot docs/baselines   # what the docs show
 
+    python -m bench.baselines --matrix --jobs 2 --docs docs/controller.md --plot docs/baselines \\
+        --json docs/baselines-matrix.json        # every deployment x 4 scenarios (issue 38)
+    python -m bench.baselines --matrix --quick --schemes controller,static_16   # smoke: two small deployments
+
 Run from the repository root (``tests`` is a package there). ``--docs`` rewrites the section between
 ``<!-- baselines:begin -->`` and ``<!-- baselines:end -->``; ``--plot`` writes one PNG per scenario with
 every scheme's limit over time.
@@ -41,7 +45,8 @@ from gateway.control.baselines.envoy_gradient import CONCURRENCY_UPDATE_INTERVAL
 from gateway.control.baselines.threshold import REFRESH_METRICS_INTERVAL_S
 from gateway.control.config import AimdConfig
 from gateway.sim.profiles import get_profile
-from testbed.scenarios.catalogue import SCENARIOS, PhaseResult, Scenario, by_name, run, sweep_start
+from testbed.scenarios.catalogue import SCENARIOS, Phase, PhaseResult, Scenario, by_name, run, sweep_start
+from testbed.scenarios.harness import Conditions, Workload
 
 BEGIN, END = "<!-- baselines:begin -->", "<!-- baselines:end -->"
 CONTROLLER = "controller"
@@ -318,13 +323,13 @@ def goal_text(found: list[Verdict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def update_docs(path: Path, body: str) -> None:
+def update_docs(path: Path, body: str, begin: str = BEGIN, end: str = END) -> None:
     text = path.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{path} has no {BEGIN} ... {END} section to rewrite")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    path.write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}", encoding="utf-8")
+    if begin not in text or end not in text:
+        raise SystemExit(f"{path} has no {begin} ... {end} section to rewrite")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{body}\n{end}{tail}", encoding="utf-8")
 
 
 def plot(outcomes: dict[str, Run], directory: Path, clients: int) -> Path:
@@ -381,6 +386,364 @@ def plot(outcomes: dict[str, Run], directory: Path, clients: int) -> Path:
     return path
 
 
+# --- the matrix: every deployment x four scenarios (issue 38) ----------------------------------------
+MATRIX_BEGIN, MATRIX_END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
+GUESSES = (16, 32, 64, 128)  # static limits an operator might guess
+
+
+def _static(limit: int) -> Callable[[Scenario, AimdConfig], dict[str, Any]]:
+    return lambda scenario, config: {"static_limit": limit}
+
+
+GUESS_SCHEMES: tuple[Scheme, ...] = tuple(Scheme(f"static_{n}", f"static {n} (a guess)", _static(n)) for n in GUESSES)
+MATRIX_SCHEMES = (CONTROLLER, "static_max", *ADAPTIVE, *(s.name for s in GUESS_SCHEMES))
+MATRIX_KINDS = ("steady_overload", "load_steps", "backend_slowdown", "output_mix_shift")
+GOAL_CELL = 0.9  # the controller's goodput over the best static limit's, in every cell
+GOAL_FAIL = 0.7  # every alternative falls below this in at least one deployment
+GOAL_WORST = 1.5  # the controller's worst cell over the best alternative's worst cell
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """One model on one GPU under one kind of traffic: a profile, its workload and the load that overloads it.
+
+    ``overload`` is about twice what the backend holds at once (its KV cache or its ``--max-num-seqs``), so
+    every phase but the low one has a queue; ``low`` is 15% of it (the catalogue's 12 of 80). ``phase_scale``
+    stretches the catalogue's phase lengths where one answer takes minutes. ``ttft_slo_s`` replaces the
+    default TTFT objective (2 s) where no concurrency can meet it, for the controller and the judge alike."""
+
+    name: str
+    description: str
+    profile: str
+    workload: Workload
+    overload: int
+    phase_scale: float = 1.0
+    ttft_slo_s: float | None = None
+
+    @property
+    def low(self) -> int:
+        return max(1, round(0.15 * self.overload))
+
+    def config(self) -> AimdConfig:
+        return AimdConfig() if self.ttft_slo_s is None else AimdConfig(ttft_p99_slo_s=self.ttft_slo_s)
+
+    def answers(self, factor: float) -> Workload:
+        lo, hi = self.workload.output
+        return replace(self.workload, output=(max(1, round(lo * factor)), max(1, round(hi * factor))))
+
+    def scenarios(self, scale: float = 1.0) -> list[Scenario]:
+        """The catalogue's steady overload, load steps, 2x slowdown and 5x longer answers, on this deployment."""
+        k = self.phase_scale * scale
+        high = Conditions((self.overload,), self.workload)
+        low = Conditions((self.low,), self.workload)
+        slow = Conditions((self.overload,), self.workload, speed_factor=2.0)
+        phases = {
+            "steady_overload": (Phase("overload", 240 * k, high),),
+            "load_steps": (
+                Phase("high", 150 * k, high),
+                Phase("low", 90 * k, low, ("no_drift", "goodput")),
+                Phase("high again", 150 * k, high),
+            ),
+            "backend_slowdown": (
+                Phase("normal", 150 * k, high),
+                Phase("2x slower", 150 * k, slow),
+                Phase("recovered", 150 * k, high),
+            ),
+            "output_mix_shift": (
+                Phase("short answers", 150 * k, Conditions((self.overload,), self.answers(0.4))),
+                Phase("long answers", 180 * k, Conditions((self.overload,), self.answers(2.0))),
+            ),
+        }
+        return [Scenario(f"{self.name}.{kind}", self.description, self.profile, phases[kind]) for kind in MATRIX_KINDS]
+
+
+DEPLOYMENTS: tuple[Deployment, ...] = (
+    Deployment(
+        "8b-h100-chat",
+        "Llama-3.1-8B FP8 on one H100 80 GB, chat",
+        "llama3.1-8b-fp8-h100",
+        Workload(prompt=(256, 768), output=(256, 768)),
+        overload=400,
+    ),
+    Deployment(
+        "70b-tp2-long-prompts",
+        "Llama-3.3-70B FP8 on two H100 80 GB (TP 2), 4-6K-token prompts",
+        "llama3.3-70b-fp8-2xh100",
+        Workload(prompt=(4000, 6000), output=(300, 700)),
+        overload=160,
+    ),
+    Deployment(
+        "70b-tp2-reasoning",
+        "Llama-3.3-70B FP8 on two H100 80 GB (TP 2), reasoning: 1.5-4.5K-token answers",
+        "llama3.3-70b-fp8-2xh100",
+        Workload(prompt=(256, 768), output=(1500, 4500)),
+        overload=240,
+        phase_scale=2.0,
+    ),
+    Deployment(
+        "8b-awq-16gb-chat",
+        "Llama-3-8B AWQ on a 16 GB RTX 4060 Ti, chat",
+        "llama3-8b-awq-16gb",
+        Workload(prompt=(256, 768), output=(256, 768)),
+        overload=80,
+    ),
+    Deployment(
+        "moe-32gb-chat",
+        "Qwen3.6-35B-A3B 4-bit on a 32 GB RTX 5090, chat (the article's)",
+        "qwen3.6-35b-a3b-32gb",
+        Workload(prompt=(256, 768), output=(256, 768)),
+        overload=80,
+    ),
+    Deployment(
+        "rag-32k-24gb",
+        "Mistral-7B on a 24 GB RTX 4090, RAG over 24-31K-token contexts",
+        "mistral-7b-rag-24gb",
+        Workload(prompt=(24000, 31000), output=(128, 512)),
+        overload=12,
+        ttft_slo_s=10.0,
+    ),
+)
+QUICK_DEPLOYMENTS = ("rag-32k-24gb", "8b-awq-16gb-chat")
+
+
+def deployment(name: str) -> Deployment:
+    for d in DEPLOYMENTS:
+        if d.name == name:
+            return d
+    raise KeyError(f"unknown deployment {name!r}; known: {', '.join(d.name for d in DEPLOYMENTS)}")
+
+
+def _scheme(name: str) -> Scheme:
+    return next(s for s in (*SCHEMES, *VARIANTS, *GUESS_SCHEMES) if s.name == name)
+
+
+def run_deployment(name: str, schemes: tuple[str, ...], scale: float) -> dict[str, dict[str, Run]]:
+    """Every scenario of one deployment with every scheme (one process: the oracles are shared)."""
+    d = deployment(name)
+    config = d.config()
+    out: dict[str, dict[str, Run]] = {}
+    for scenario in d.scenarios(scale):
+        out[scenario.name] = {}
+        for scheme in schemes:
+            outcome = run_scheme(_scheme(scheme), scenario, config)
+            out[scenario.name][scheme] = outcome
+            print(
+                f"{scenario.name:36} {scheme:16} goodput {outcome.goodput:8.0f} tok/s  "
+                f"best-static ratio {outcome.best_static_ratio or 0:.3f}  ({outcome.cpu_s:.1f} s CPU)",
+                flush=True,
+            )
+    return out
+
+
+def matrix_label(name: str) -> str:
+    return _scheme(name).label
+
+
+def matrix_table(outcomes: dict[str, dict[str, Run]], schemes: Sequence[str]) -> str:
+    """One row per cell (deployment x scenario), one column per scheme: goodput over the best static limit's."""
+    header = ("deployment", "scenario", "best static, per phase", *(matrix_label(s) for s in schemes))
+    rows = []
+    for scenario, by_scheme in outcomes.items():
+        dep, kind = scenario.split(".", 1)
+        reference = next(iter(by_scheme.values()))
+        best = " / ".join("-" if p.oracle is None else str(p.oracle.best.limit) for p in reference.phases)
+        cells = []
+        for name in schemes:
+            ratio = by_scheme[name].best_static_ratio if name in by_scheme else None
+            cells.append("-" if ratio is None else f"{ratio:.2f}")
+        rows.append((dep, kind, best, *cells))
+    return markdown(header, rows)
+
+
+def matrix_goals(outcomes: dict[str, dict[str, Run]], schemes: Sequence[str]) -> str:
+    """Issue 38's three goals, computed from the cells; nothing here is tuned to them."""
+
+    def ratio(run_: Run) -> float:
+        return run_.best_static_ratio or 0.0
+
+    cells = {name: [(sc, ratio(by[name])) for sc, by in outcomes.items() if name in by] for name in schemes}
+    worst = {name: min(cells[name], key=lambda c: c[1]) for name in schemes if cells[name]}
+    others = [name for name in schemes if name != CONTROLLER and name in worst]
+    mine = cells.get(CONTROLLER, [])
+    misses = [(sc, r) for sc, r in mine if r < GOAL_CELL]
+    never = []
+    for name in others:
+        deployments_below = {sc.split(".")[0] for sc, r in cells[name] if r < GOAL_FAIL}
+        if not deployments_below:
+            never.append(name)
+    best_other = max(others, key=lambda n: worst[n][1]) if others else None
+    lines = [
+        "| scheme | worst cell | its goodput / best static | cells below 0.7 |",
+        "|---|---|---|---|",
+    ]
+    for name in schemes:
+        if name in worst:
+            sc, r = worst[name]
+            below = sum(1 for _, v in cells[name] if v < GOAL_FAIL)
+            lines.append(f"| {matrix_label(name)} | {sc} | {r:.2f} | {below}/{len(cells[name])} |")
+    lines.append("")
+    lines.append(
+        f"- Goal 1, the controller at its defaults >= {GOAL_CELL}x the best static limit in every cell: "
+        + (
+            "**holds**."
+            if mine and not misses
+            else f"**missed** in {len(misses)} of {len(mine)} cells: "
+            + ", ".join(f"{sc} ({r:.2f})" for sc, r in misses)
+            + "."
+        )
+    )
+    lines.append(
+        f"- Goal 2, every alternative below {GOAL_FAIL}x in at least one deployment: "
+        + ("**holds**." if not never else "**missed** by " + ", ".join(matrix_label(n) for n in never) + ".")
+    )
+    if mine and best_other is not None:
+        mine_worst = worst[CONTROLLER][1]
+        theirs = worst[best_other][1]
+        times = _times(_ratio(mine_worst, theirs))
+        held = mine_worst > 0 and (theirs <= 0 or mine_worst / theirs >= GOAL_WORST)
+        lines.append(
+            f"- Goal 3, the controller's worst cell >= {GOAL_WORST}x the best alternative's worst cell: the "
+            f"controller's worst is {mine_worst:.2f} ({worst[CONTROLLER][0]}), the best worst among the others is "
+            f"{matrix_label(best_other)}'s {theirs:.2f} ({worst[best_other][0]}): {times}, "
+            + ("**holds**." if held else "**missed**.")
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_deployment(name: str, outcomes: dict[str, dict[str, Run]], directory: Path, clients: int) -> Path:
+    """One PNG per deployment: a panel per scenario, every scheme's limit over time over the oracle's band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    scenarios = [sc for sc in outcomes if sc.split(".")[0] == name]
+    fig, axes = plt.subplots(len(scenarios), 1, figsize=(11, 2.6 * len(scenarios)), squeeze=False)
+    colours = {
+        CONTROLLER: "black",
+        "threshold": "tab:red",
+        "envoy_gradient": "tab:purple",
+        "gradient2": "tab:brown",
+        "vegas": "tab:pink",
+        "aimd_latency": "tab:orange",
+    }
+    top = int(1.25 * clients)
+    for ax, sc in zip(axes[:, 0], scenarios, strict=True):
+        by_scheme = outcomes[sc]
+        reference = by_scheme.get(CONTROLLER) or next(iter(by_scheme.values()))
+        for phase in reference.phases:
+            if phase.oracle is not None:
+                ax.fill_between([phase.start, phase.end], *phase.band, color="tab:green", alpha=0.15, lw=0)
+            ax.axvline(phase.start, color="grey", lw=0.5)
+            ax.text(phase.start + 2, top * 1.02, phase.phase, fontsize=7, va="top")
+        for scheme, outcome in by_scheme.items():
+            if scheme.startswith("static"):
+                continue  # flat lines at known values: in the table
+            points = outcome.limits()
+            style: dict[str, Any] = dict(color=colours.get(scheme, "tab:blue"), lw=1.0, alpha=0.85)
+            if scheme == CONTROLLER:
+                style = dict(color="black", lw=2.0, zorder=5)
+            ax.plot(
+                [t for t, _ in points],
+                [limit for _, limit in points],
+                drawstyle="steps-post",
+                label=matrix_label(scheme),
+                **style,
+            )
+        ax.set_ylim(0, top * 1.05 + 1)
+        ax.set_title(sc.split(".", 1)[1], fontsize=9)
+        ax.set_ylabel("limit")
+    axes[-1, 0].set_xlabel("simulated seconds")
+    axes[0, 0].legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
+    fig.suptitle(f"{name}: concurrency limit by scheme (green: oracle sweet spot +-20%)", fontsize=10)
+    fig.tight_layout()
+    path = directory / f"matrix_{name}.png"
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def matrix_main(args: argparse.Namespace) -> None:
+    """``--matrix``: every deployment x four scenarios x every scheme, deployments in parallel processes."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    names = args.scenarios or (list(QUICK_DEPLOYMENTS) if args.quick else [d.name for d in DEPLOYMENTS])
+    for name in names:
+        deployment(name)  # fail early on a typo
+    schemes = tuple(args.schemes.split(",")) if args.schemes else MATRIX_SCHEMES
+    if CONTROLLER not in schemes:
+        schemes = (CONTROLLER, *schemes)
+    scale = 0.25 if args.quick else 1.0
+    started = time.time()
+    outcomes: dict[str, dict[str, Run]] = {}
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {name: pool.submit(run_deployment, name, schemes, scale) for name in names}
+        for name in names:
+            outcomes.update(futures[name].result())
+    table = matrix_table(outcomes, schemes)
+    goals = matrix_goals(outcomes, schemes)
+    print()
+    print(table)
+    print(goals)
+    print(f"{time.time() - started:.0f} s of wall time with {args.jobs} job(s)")
+    pictures: list[Path] = []
+    if args.plot is not None:
+        for name in names:
+            d = deployment(name)
+            pictures.append(plot_deployment(name, outcomes, args.plot, d.overload))
+    if args.docs is not None:
+        command = "python -m bench.baselines " + " ".join(sys.argv[1:])
+        body = f"<!-- generated by: {command.strip()} -->\n\n{table}\n{goals}"
+        if pictures:
+            rel = Path(os.path.relpath(args.plot.resolve(), args.docs.resolve().parent)).as_posix()
+            body += "\n" + "\n\n".join(f"![{p.stem}]({rel}/{p.name})" for p in pictures) + "\n"
+        update_docs(args.docs, body, MATRIX_BEGIN, MATRIX_END)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "deployments": [
+                {
+                    "name": d.name,
+                    "profile": d.profile,
+                    "overload": d.overload,
+                    "low": d.low,
+                    "ttft_slo_s": d.config().ttft_p99_slo_s,
+                    "tpot_slo_s": d.config().tpot_p99_slo_s,
+                }
+                for d in DEPLOYMENTS
+                if d.name in names
+            ],
+            "cells": [
+                {
+                    "scenario": o.scenario,
+                    "scheme": o.scheme,
+                    "static_limit": o.static_limit,
+                    "goodput": o.goodput,
+                    "best_static_ratio": o.best_static_ratio,
+                    "preemptions": o.preemptions,
+                    "phases": [
+                        {
+                            "phase": p.phase,
+                            "goodput": p.goodput,
+                            "goodput_ratio": p.goodput_ratio,
+                            "best_static": p.oracle.best.limit if p.oracle is not None else None,
+                            "best_static_goodput": p.oracle.best.goodput if p.oracle is not None else None,
+                            "sweet_spot": p.oracle.sweet_spot if p.oracle is not None else None,
+                            "ttft_p99_s": p.ttft_p99,
+                            "tpot_p99_s": p.tpot_p99,
+                            "settled": p.settled,
+                        }
+                        for p in o.phases
+                    ],
+                }
+                for by_scheme in outcomes.values()
+                for o in by_scheme.values()
+            ],
+        }
+        args.json.write_text(json.dumps(payload, indent=1), encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("scenarios", nargs="*", help="scenario names (default: all; --quick: the shifting ones)")
@@ -395,7 +758,18 @@ def main() -> None:
     parser.add_argument("--docs", type=Path, default=None, help="markdown file whose baselines section to rewrite")
     parser.add_argument("--plot", type=Path, default=None, help="write one PNG per scenario into this folder")
     parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
+    parser.add_argument(
+        "--matrix",
+        action="store_true",
+        help="every deployment (names as positional arguments) x steady overload, load steps, 2x slowdown and "
+        "5x longer answers, against the best static limit per phase (issue 38); --quick: two small ones, "
+        "phases a quarter as long",
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="--matrix: deployments run in this many processes")
     args = parser.parse_args()
+    if args.matrix:
+        matrix_main(args)
+        return
 
     names = args.scenarios or (list(SHIFTING) if args.quick else [s.name for s in SCENARIOS])
     scenarios = [by_name(name) for name in names]

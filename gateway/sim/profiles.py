@@ -206,7 +206,159 @@ LLAMA31_8B_24GB = Profile(
     embedding_dim=4096,
 )
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (QWEN36_35B_A3B_32GB, LLAMA31_8B_24GB)}
+# The range (issue 38): each profile below is calibrated to a published serving measurement, cited with
+# its figures in docs/simulator.md. GPU memory in GiB as the driver reports it: H100 SXM 80 GB = 81,559
+# MiB = 79.65 GiB; RTX 4090 = 24,564 MiB = 23.99 GiB; RTX 4060 Ti 16 GB = 16,380 MiB = 16.00 GiB.
+
+# Llama-3.1-8B-Instruct, FP8 weights (NVIDIA's FP8 checkpoint: 6.9e9 B of fp8 linear weights plus the bf16
+# embedding and LM head, 2 x 128,256 x 4,096 x 2 B = 2.1e9 B; 9.0e9 B = 8.4 GiB) on one H100 80 GB. KV in
+# bf16: 2 x 32 layers x 8 KV heads x 128 x 2 B = 128 KiB/token. 79.65 x 0.90 - 8.4 - 4.0 = 59.29 GiB =
+# 30,356 blocks of 16 tokens = 485,696 tokens: 474 sequences of 1,024 tokens, so at vLLM's
+# max_num_seqs of 256 the KV cache never binds for chat. The step time is fitted to NVIDIA NIM's inter-token
+# latencies for this model (4.63 ms at 1 stream, 7.57 at 100, 12.65 at 200): a soft knee (s = 2) at 79.
+LLAMA31_8B_FP8_H100 = Profile(
+    name="llama3.1-8b-fp8-h100",
+    model="meta-llama/Llama-3.1-8B-Instruct",
+    description=(
+        "Llama-3.1-8B-Instruct, FP8, on one H100 80 GB: short chats, the knee in the hundreds (NVIDIA NIM's "
+        "published curve: 215 tok/s for one stream, 13,348 tok/s at 200)"
+    ),
+    t_floor_s=0.00463,
+    b_knee=79.0,
+    knee_sharpness=2.0,
+    prefill_s_per_token=0.000025,
+    attn_s_per_kv_token=1.0e-9,
+    max_num_seqs=256,
+    max_num_batched_tokens=8192,
+    max_model_len=8192,
+    block_size=16,
+    gpu_name="NVIDIA H100 80GB HBM3",
+    gpu_memory_gib=79.65,
+    gpu_memory_utilization=0.90,
+    weights_gib=8.4,
+    overhead_gib=4.0,
+    kv_layers=32,
+    kv_heads=8,
+    head_dim=128,
+    kv_dtype_bytes=2,
+    embedding_dim=4096,
+)
+
+# Llama-3.3-70B-Instruct, FP8 weights and FP8 KV cache, tensor parallel over two H100 80 GB (the memory of
+# both cards is one pool: each holds half the KV heads of every layer). Weights: 68.4e9 fp8 parameters plus
+# the bf16 embedding and LM head (2 x 128,256 x 8,192 x 2 B = 4.2e9 B): 72.6e9 B = 67.6 GiB. KV: 2 x 80
+# layers x 8 KV heads x 128 x 1 B = 160 KiB/token. 2 x 79.65 x 0.90 - 67.6 - 5.0 (2.5 per card) = 70.77
+# GiB = 28,985 blocks = 463,760 tokens: 84 sequences of NIM's 5,000 + 500 tokens, where NIM's published
+# throughput stops growing (917 tok/s at 100 streams, 920 at 150-250, TTFT climbing from 0.8 s to 8 s).
+LLAMA33_70B_FP8_2XH100 = Profile(
+    name="llama3.3-70b-fp8-2xh100",
+    model="meta-llama/Llama-3.3-70B-Instruct",
+    description=(
+        "Llama-3.3-70B-Instruct, FP8 weights and KV cache, tensor parallel on two H100 80 GB: long prompts or "
+        "long answers (NVIDIA NIM's published curve: 52 tok/s for one stream, ~920 tok/s at 5,000 + 500 tokens)"
+    ),
+    t_floor_s=0.0182,
+    b_knee=60.0,
+    knee_sharpness=2.0,
+    prefill_s_per_token=0.00007,
+    attn_s_per_kv_token=3.0e-9,
+    max_num_seqs=256,
+    max_num_batched_tokens=8192,
+    max_model_len=16384,
+    block_size=16,
+    gpu_name="2 x NVIDIA H100 80GB HBM3 (TP 2)",
+    gpu_memory_gib=2 * 79.65,
+    gpu_memory_utilization=0.90,
+    weights_gib=67.6,
+    overhead_gib=5.0,
+    kv_layers=80,
+    kv_heads=8,
+    head_dim=128,
+    kv_dtype_bytes=1,
+    kv_cache_dtype="fp8",
+    embedding_dim=8192,
+)
+
+# Llama-3-8B-Instruct, AWQ 4-bit, on a 16 GB RTX 4060 Ti (288 GB/s). Weights: 4-bit linear layers plus the
+# fp16 embedding and LM head, 5.7e9 B = 5.3 GiB. KV in fp16: 128 KiB/token. 16.00 x 0.90 - 5.3 - 1.5 =
+# 7.6 GiB = 3,891 blocks = 62,256 tokens: 60 sequences of 1,024 tokens. One stream decodes at the 43 tok/s
+# a published vLLM benchmark measured for AWQ on this card (23.3 ms a step: 5.7 GB at 288 GB/s is 19.8 ms,
+# plus kernel overhead). The compute knee (b_knee 20) is an estimate: AWQ's dequantising kernels on a card
+# with a quarter of a 4090's tensor throughput turn compute-bound early.
+LLAMA3_8B_AWQ_16GB = Profile(
+    name="llama3-8b-awq-16gb",
+    model="meta-llama/Meta-Llama-3-8B-Instruct",
+    description=(
+        "Llama-3-8B-Instruct, AWQ 4-bit, on a 16 GB RTX 4060 Ti: a small card, the knee in the tens "
+        "(43 tok/s for one stream, published)"
+    ),
+    t_floor_s=0.0233,
+    b_knee=20.0,
+    knee_sharpness=2.5,
+    prefill_s_per_token=0.00025,
+    attn_s_per_kv_token=2.0e-7,
+    max_num_seqs=256,
+    max_num_batched_tokens=2048,
+    max_model_len=8192,
+    block_size=16,
+    gpu_name="NVIDIA GeForce RTX 4060 Ti 16GB",
+    gpu_memory_gib=16.00,
+    gpu_memory_utilization=0.90,
+    weights_gib=5.3,
+    overhead_gib=1.5,
+    kv_layers=32,
+    kv_heads=8,
+    head_dim=128,
+    kv_dtype_bytes=2,
+    embedding_dim=4096,
+)
+
+# Mistral-7B-Instruct-v0.3 (32K context) in bf16 with an FP8 KV cache on a 24 GB RTX 4090, for RAG over
+# 32K-token contexts. Weights 7.248e9 x 2 B = 13.5 GiB; KV: 2 x 32 layers x 8 KV heads x 128 x 1 B = 64
+# KiB/token. 23.99 x 0.90 - 13.5 - 1.5 = 6.59 GiB = 6,748 blocks of 1 MiB = 107,968 tokens: three sequences
+# of 32K tokens. The decode step is fitted to a published vLLM sweep of this model on this card (256 + 128
+# tokens: 210 tok/s at 4 streams, 644 at 16, 1,190 at 48); prefill (8,300 tok/s) and attention are derived
+# from the card's bf16 throughput and bandwidth, not measured.
+MISTRAL7B_RAG_24GB = Profile(
+    name="mistral-7b-rag-24gb",
+    model="mistralai/Mistral-7B-Instruct-v0.3",
+    description=(
+        "Mistral-7B-Instruct-v0.3, bf16 with an FP8 KV cache, on a 24 GB RTX 4090, 32K-token RAG: "
+        "KV-bound, a knee of a handful"
+    ),
+    t_floor_s=0.018,
+    b_knee=40.0,
+    knee_sharpness=2.0,
+    prefill_s_per_token=0.00012,
+    attn_s_per_kv_token=6.0e-8,
+    max_num_seqs=256,
+    max_num_batched_tokens=2048,
+    max_model_len=32768,
+    block_size=16,
+    gpu_name="NVIDIA GeForce RTX 4090",
+    gpu_memory_gib=23.99,
+    gpu_memory_utilization=0.90,
+    weights_gib=13.5,
+    overhead_gib=1.5,
+    kv_layers=32,
+    kv_heads=8,
+    head_dim=128,
+    kv_dtype_bytes=1,
+    kv_cache_dtype="fp8",
+    embedding_dim=4096,
+)
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        QWEN36_35B_A3B_32GB,
+        LLAMA31_8B_24GB,
+        LLAMA31_8B_FP8_H100,
+        LLAMA33_70B_FP8_2XH100,
+        LLAMA3_8B_AWQ_16GB,
+        MISTRAL7B_RAG_24GB,
+    )
+}
 DEFAULT_PROFILE = QWEN36_35B_A3B_32GB.name
 
 

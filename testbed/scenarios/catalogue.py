@@ -455,7 +455,9 @@ def _judge(
     scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfig, start: float, end: float, before: list[int]
 ) -> PhaseResult:
     needs_oracle = bool(set(phase.checks) & {"converge", "goodput", "below_onset", "no_creep", "sum_in_band"})
-    the_oracle = oracle(scenario.profile, phase.conditions, config, scenario.seed) if needs_oracle else None
+    # Static limits up to the backend's own cap (at least 128): a knee in the hundreds is found too.
+    ceiling = max(128, get_profile(scenario.profile).max_num_seqs)
+    the_oracle = oracle(scenario.profile, phase.conditions, config, scenario.seed, ceiling) if needs_oracle else None
     sweet = the_oracle.sweet_spot if the_oracle is not None else 0
     band = ((1 - BAND) * sweet, (1 + BAND) * sweet)
     per_gateway = [

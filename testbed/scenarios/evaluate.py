@@ -126,9 +126,9 @@ def static_point(profile_name: str, conditions: Conditions, config: AimdConfig, 
 
 
 def _grid(demand: int, max_limit: int) -> list[int]:
-    """Coarse levels: every limit up to 4, then steps of 2 to 16, then steps of 4."""
+    """Coarse levels: every limit up to 4, then steps of 2 to 16, steps of 4 to 128, then steps of 16."""
     top = min(max_limit, demand)
-    levels = [*range(1, 5), *range(6, 17, 2), *range(20, top + 1, 4)]
+    levels = [*range(1, 5), *range(6, 17, 2), *range(20, min(top, 128) + 1, 4), *range(144, top + 1, 16)]
     return sorted({level for level in levels if level <= top} | {top})
 
 

@@ -134,3 +134,64 @@ def test_think_time_and_speed_factor_lower_the_prediction() -> None:
 def test_unknown_profile_names_list_the_known_ones() -> None:
     with pytest.raises(KeyError, match=r"llama3\.1-8b-24gb"):
         get_profile("nope")
+
+
+# --- the range (issue 38): each profile against the published figure it cites (docs/simulator.md) -----------
+# NVIDIA NIM LLM benchmarking, Llama-3.1-8B-Instruct, NIM 1.8.0: inter-token latency (ms) by concurrency.
+NIM_8B_ITL_MS = {1: 4.63, 50: 5.91, 100: 7.57, 150: 9.81, 200: 12.65, 250: 16.14}
+# NVIDIA NIM, Llama-3.3-70B-Instruct, NIM 1.8.0, 2 x H100 80G, fp8 TP2, 5,000 input / 500 output tokens:
+# concurrency -> (ITL ms, output tokens/s).
+NIM_70B_5000_500 = {1: (18.58, 51.67), 5: (21.83, 218.48), 25: (38.75, 623.4), 50: (59.73, 814.37)}
+NIM_70B_SATURATED = 917.26  # tokens/s at 100 streams (TTFT 8.0 s: requests queue for the KV cache)
+# Mistral-7B-Instruct-v0.3 on an RTX 4090 under vLLM, 256 input / 128 output tokens: streams -> output tok/s.
+MISTRAL_4090 = {4: 210, 8: 377, 16: 644, 32: 975, 48: 1190}
+
+
+def test_8b_h100_step_time_matches_nims_inter_token_latency() -> None:
+    p = get_profile("llama3.1-8b-fp8-h100")
+    for streams, itl_ms in NIM_8B_ITL_MS.items():
+        # each stream holds about a thousand tokens of context
+        assert p.step_time(streams, 0, streams * 1100) * 1000 == pytest.approx(itl_ms, rel=0.08), streams
+    one = predict_closed_loop(p, 1, 256, 256, measure_requests=2)
+    assert 1 / one.tpot_mean_s == pytest.approx(214.56, rel=0.03)  # NIM: 214.56 tok/s for one stream
+
+
+def test_8b_h100_memory_and_knee_in_the_hundreds() -> None:
+    p = get_profile("llama3.1-8b-fp8-h100")
+    assert p.kv_bytes_per_token == 128 * 1024  # 2 x 32 layers x 8 KV heads x 128 x bf16
+    assert p.max_concurrency_at(1024) > p.max_num_seqs  # the cache never binds for chat: the knee is compute
+    # throughput still grows by more than 10% from 100 to 200 streams (NIM: 12,215 -> 13,348 tok/s)
+    assert 200 / p.step_time(200) > 1.1 * 100 / p.step_time(100)
+
+
+def test_70b_tp2_matches_nims_long_prompt_curve() -> None:
+    p = get_profile("llama3.3-70b-fp8-2xh100")
+    assert p.kv_bytes_per_token == 160 * 1024  # 2 x 80 layers x 8 KV heads x 128 x fp8
+    assert p.max_concurrency_at(5500) == 84  # where NIM's throughput stops growing
+    for streams, (itl_ms, tokens_per_s) in NIM_70B_5000_500.items():
+        r = predict_closed_loop(p, streams, 5000, 500, measure_requests=1)
+        assert r.tpot_mean_s * 1000 == pytest.approx(itl_ms, rel=0.08), streams
+        assert r.tokens_per_s == pytest.approx(tokens_per_s, rel=0.1), streams
+    saturated = predict_closed_loop(p, 100, 5000, 500, measure_requests=1)
+    assert saturated.tokens_per_s == pytest.approx(NIM_70B_SATURATED, rel=0.15)
+    assert saturated.ttft_mean_s > 5.0  # NIM: 8.0 s, queued for the cache
+    reasoning = predict_closed_loop(p, 1, 500, 2000, measure_requests=1)
+    assert reasoning.tpot_mean_s * 1000 == pytest.approx(18.91, rel=0.05)  # NIM, 500 in / 2,000 out
+
+
+def test_8b_awq_16gb_single_stream_matches_the_published_figure() -> None:
+    p = get_profile("llama3-8b-awq-16gb")
+    assert p.max_concurrency_at(1024) == 60
+    one = predict_closed_loop(p, 1, 512, 256, measure_requests=2)
+    assert 1 / one.tpot_mean_s == pytest.approx(43, rel=0.03)  # AWQ 4-bit on an RTX 4060 Ti 16 GB
+
+
+def test_rag_24gb_decode_matches_the_published_sweep_and_holds_three_32k_contexts() -> None:
+    p = get_profile("mistral-7b-rag-24gb")
+    assert p.kv_bytes_per_token == 64 * 1024  # 2 x 32 layers x 8 KV heads x 128 x fp8
+    assert p.max_concurrency_at(32768) == 3
+    for streams, tokens_per_s in MISTRAL_4090.items():
+        r = predict_closed_loop(p, streams, 256, 128, measure_requests=2)
+        assert r.tokens_per_s == pytest.approx(tokens_per_s, rel=0.08), streams
+    # past three 30K-token contexts the cache thrashes
+    assert predict_closed_loop(p, 4, 30000, 256, measure_requests=1).preemptions > 0
