@@ -14,6 +14,10 @@ Configurations, each in front of the same upstream:
   * floor: ``bench/floor_proxy.py``, a bare ASGI pass-through on the gateway's own parts (uvicorn, httptools,
     uvloop, aiohttp) with nothing of the gateway: what any proxy on this stack costs on this machine;
   * gateway: ``sweetspot serve --no-control`` with a limit above the load;
+  * floor-granian and gateway-granian, when granian is installed (the ``bench`` extra): the floor's app and the
+    gateway's app under granian instead of uvicorn (``bench/floor_proxy.py --server granian``), the server
+    being all that differs; gateway-granian has none of the gateway's front door (measurement only). The
+    report adds their CPU over uvicorn's and the 25% rule for adopting granian (docs/performance.md);
   * gateway@SHA, with ``--compare REF``: the same, run from REF checked out into a temporary git worktree
     (by this interpreter, the worktree first on ``PYTHONPATH``), so a change is measured before and after in
     one run; the report adds the ratio of this tree's gateway to it (``compare`` in the JSON).
@@ -26,8 +30,9 @@ Phases (each round runs every configuration once, in an order that rotates per r
     ``max_connections``, raised above them for the phase)
 The upstream should be near-free (a tiny model) so the proxy's own CPU decides; with a real model the
 ratios approach 1.0 and say nothing. Results: a rich table, and JSON with ``--json PATH``.
-The CPU figures are each proxy process's user + system time over the run, divided by its requests or
-chunks: a streamed phase's "per chunk" therefore includes each request's own cost.
+The CPU figures are each proxy process's user + system time over the run (its child processes' included:
+granian's worker), divided by its requests or chunks: a streamed phase's "per chunk" therefore includes each
+request's own cost.
 """
 
 from __future__ import annotations
@@ -60,6 +65,19 @@ from gateway.common.resend import resend_if_stale
 from gateway.server.upstream.upstream_client import STALE_RETRIES
 
 console = Console(width=None if sys.stdout.isatty() else 150)
+
+#: The gateway is measured as production runs it: tenants identified by their keys (two, one of them the load's),
+#: the access log on (the default), every default feature on. Every target gets the same Authorization header,
+#: so the bytes on the wire are the same; only the gateway reads it.
+BENCH_KEY = "bench-key-a"
+TENANTS_ENV = {
+    "SWEETSPOT_TENANTS": json.dumps(
+        [
+            {"name": "team-a", "api_keys": [BENCH_KEY], "weight": 1},
+            {"name": "team-b", "api_keys": ["bench-key-b"], "weight": 2, "max_inflight": 1000},
+        ]
+    )
+}
 
 
 @dataclass
@@ -113,6 +131,7 @@ async def one(
     max_tokens: int,
     run: Run,
     close_streams: bool = False,
+    auth: str | None = BENCH_KEY,
 ) -> None:
     body = {
         "model": model,
@@ -123,7 +142,9 @@ async def one(
     }
     t0 = time.perf_counter()  # from the first attempt, as the gateway's resends count in its latency too
     try:
-        headers = {"Connection": "close"} if stream and close_streams else None
+        headers = {"Connection": "close"} if stream and close_streams else {}
+        if auth:
+            headers["Authorization"] = f"Bearer {auth}"
         async with await post(session, f"{url}/v1/chat/completions", body, headers) as resp:
             if resp.status != 200:
                 await resp.read()
@@ -156,23 +177,24 @@ async def load(
     max_tokens: int,
     pid: int | None,
     close_streams: bool = False,
+    auth: str | None = BENCH_KEY,
 ) -> Run:
     run = Run()
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
-        await one(session, url, model, stream, max_tokens, Run(), close_streams)  # warm the connection pool
+        await one(session, url, model, stream, max_tokens, Run(), close_streams, auth)  # warm the connection pool
         deadline = time.perf_counter() + seconds
-        cpu0 = cpu_seconds(pid) if pid else None
+        cpu0 = tree_cpu_seconds(pid) if pid else None
 
         async def client() -> None:
             while time.perf_counter() < deadline:
-                await one(session, url, model, stream, max_tokens, run, close_streams)
+                await one(session, url, model, stream, max_tokens, run, close_streams, auth)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
         run.seconds = time.perf_counter() - t0
-        if pid:
-            run.cpu_s = cpu_seconds(pid) - cpu0
+        if pid and cpu0 is not None:
+            run.cpu_s = tree_cpu_seconds(pid) - cpu0
     return run
 
 
@@ -421,14 +443,16 @@ def measure_all(stack: ExitStack, upstream: str, gateways: list[Gateway], args: 
             stack.callback(proc.stop)
             proxies[name] = (url, proc.pid)
     for gateway in gateways:
-        proc = gateway.start(upstream, "--no-control", "--initial-limit", "64", "--max-queue", "20000")
+        proc = gateway.start(upstream, "--no-control", "--initial-limit", "64", "--max-queue", "20000", env=TENANTS_ENV)
         stack.callback(proc.stop)
         proxies[gateway.name] = (proc.url, proc.pid)
+    if args.peers:
+        proxies.update(start_granian_peers(stack, upstream))
     results = asyncio.run(bench(upstream, proxies, args))
     if "memory" in args.phases:
         # The gateway refuses connections past max_connections (4,096 by default) with a 503: raised above the
         # clients, or the phase measures refusals (and /state, asked on a connection of its own, is refused).
-        env = {"SWEETSPOT_MAX_CONNECTIONS": str(args.clients + 1024)}
+        env = {**TENANTS_ENV, "SWEETSPOT_MAX_CONNECTIONS": str(args.clients + 1024)}
         extra = ("--no-control", "--initial-limit", "4", "--max-queue", "20000", "--queue-timeout-s", "600")
         memory: dict[str, dict] = {}
         for gateway in gateways:
@@ -440,6 +464,8 @@ def measure_all(stack: ExitStack, upstream: str, gateways: list[Gateway], args: 
         results["memory"] = memory["gateway"]
         if len(gateways) > 1:
             results["memory_by_gateway"] = memory
+    if GRANIAN_PAIRS[0][0] in proxies:
+        results["granian"] = granian_ratios(results)
     return results
 
 
@@ -658,11 +684,116 @@ def report(results: dict) -> None:
             f"<= {TARGETS['rss_mb']} MB " + _verdict(m["rss_mb"], TARGETS["rss_mb"], at_least=False),
         )
     console.print(table)
+    if "granian" in results:
+        report_granian(results["granian"])
     if compared:
         console.print(
             f"gateway / {compared}: this tree's figure over {results['compare']['ref']}'s; below 1 is less time, "
             "CPU or memory (and fewer requests or tokens/s)"
         )
+
+
+# --- The floor itself: granian against uvicorn (issue #37 item 4; docs/performance.md) -----------------------
+
+#: (granian's peer, the uvicorn configuration it is compared with).
+GRANIAN_PAIRS = (("floor-granian", "floor"), ("gateway-granian", "gateway"))
+#: A different server is adopted only if it spends at least this much less CPU per request and per chunk.
+GRANIAN_RULE = 0.25
+#: granian's figures over uvicorn's: (phase, key) -> label.
+GRANIAN_FIGURES = {
+    ("plain_c32", "cpu_ms_per_request"): "CPU per request, c=32",
+    ("stream_c8", "cpu_us_per_chunk"): "CPU per streamed chunk, c=8",
+    ("stream_c8", "cpu_ms_per_request"): "CPU per streamed request, c=8",
+    ("latency_stream_c1", "added_ttft_p50_ms"): "TTFT added p50, c=1",
+}
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` and of its descendants alive now (granian serves from a worker process,
+    a child of the one started); a process without children reads as :func:`cpu_seconds`."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            total += cpu_seconds(current)
+        except (OSError, IndexError, ValueError):
+            continue
+        todo += children.get(current, [])
+    return total
+
+
+def granian_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("granian") is not None
+
+
+def start_granian_peers(stack: ExitStack, upstream: str) -> dict[str, tuple[str, int]]:
+    """floor-granian and gateway-granian (stopped by ``stack``), or none, with a note, without granian.
+
+    gateway-granian gets the settings the gateway gets here (no control loop, a limit above the load, the
+    bench's tenants) through its ``SWEETSPOT_*`` environment, and serves without the gateway's front door:
+    measurement only."""
+    if not granian_installed():
+        console.print(
+            "[yellow]granian is not installed: measured without floor-granian and gateway-granian "
+            "(pip install -e '.\\[bench]' adds it)[/yellow]"
+        )
+        return {}
+    script = str(ROOT / "bench" / "floor_proxy.py")
+    env = {
+        **TENANTS_ENV,
+        "SWEETSPOT_CONTROL_ENABLED": "false",
+        "SWEETSPOT_INITIAL_LIMIT": "64",
+        "SWEETSPOT_MAX_QUEUE": "20000",
+    }
+    peers: dict[str, tuple[str, int]] = {}
+    for name, app in (("floor-granian", "floor"), ("gateway-granian", "gateway")):
+        proc, url = start([sys.executable, script, "--server", "granian", "--app", app, upstream], LISTENING, env=env)
+        stack.callback(proc.stop)
+        peers[name] = (url, proc.pid)
+    return peers
+
+
+def granian_ratios(results: dict) -> dict:
+    """Per pair, granian's figure over uvicorn's for :data:`GRANIAN_FIGURES`, and whether the CPU per request
+    (c=32) and per chunk (c=8) are both at least :data:`GRANIAN_RULE` lower (None where a phase was not run)."""
+    phases = results["phases"]
+    out: dict = {"rule": f"adopt only if CPU per request and per chunk are both >= {GRANIAN_RULE:.0%} lower"}
+    for mine, theirs in GRANIAN_PAIRS:
+        figures = {
+            f"{phase}.{key}": _ratio(phases[phase][mine][key], phases[phase][theirs][key])
+            for phase, key in GRANIAN_FIGURES
+            if phase in phases and mine in phases[phase]
+        }
+        decisive = [figures.get("plain_c32.cpu_ms_per_request"), figures.get("stream_c8.cpu_us_per_chunk")]
+        passes = None if None in decisive else all(r is not None and r <= 1 - GRANIAN_RULE for r in decisive)
+        out[f"{mine}/{theirs}"] = {"ratios": figures, "passes_cpu_rule": passes}
+    return out
+
+
+def report_granian(granian: dict) -> None:
+    table = Table(title=f"granian over uvicorn, the same app ({granian['rule']}; front-door guarantees aside)")
+    table.add_column("measure")
+    pairs = [f"{mine}/{theirs}" for mine, theirs in GRANIAN_PAIRS]
+    for pair in pairs:
+        table.add_column(pair, justify="right")
+    for (phase, key), label in GRANIAN_FIGURES.items():
+        cells = [granian[pair]["ratios"].get(f"{phase}.{key}") for pair in pairs]
+        if any(cell is not None for cell in cells):
+            table.add_row(label, *(f"{cell:.3f}x" if cell is not None else "" for cell in cells))
+    table.add_row(
+        f"CPU {GRANIAN_RULE:.0%} lower on both",
+        *({True: "yes", False: "no", None: ""}[granian[pair]["passes_cpu_rule"]] for pair in pairs),
+    )
+    console.print(table)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from bench.overhead import COMPARED, PHASES
+from bench.overhead import COMPARED, GRANIAN_FIGURES, GRANIAN_PAIRS, PHASES, granian_installed
 from bench.soak import FAULTS
 from gateway.common.processes import RunningProcess
 from testbed.llama import llama_binary, start_llama_server
@@ -118,7 +118,8 @@ def test_overhead_quick(upstream, tmp_path):
     """``bench.overhead --quick --peers --compare HEAD``: every phase, every figure of the recorded full run for
     each proxy (the README's peers: ``bench/pump_floor.py``, ``bench/floor_proxy.py``, nginx when installed) and
     both gateways (this tree's, and HEAD's from a temporary worktree that is removed afterwards), their ratios,
-    and the memory phase for both."""
+    and the memory phase for both; with granian installed (the ``bench`` extra), floor-granian and
+    gateway-granian too, and their CPU over uvicorn's."""
     out = tmp_path / "overhead.json"
     worktrees = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
     run_bench("overhead", "--quick", "--peers", "--upstream", upstream, "--compare", "HEAD", "--json", str(out))
@@ -126,7 +127,15 @@ def test_overhead_quick(upstream, tmp_path):
     full = recorded("overhead.json")
     other = got["compare"]["name"]
     assert other.startswith("gateway@"), got["compare"]
-    assert [p for p in got["proxies"] if p != "nginx"] == ["pump", "floor", "gateway", other]
+    granian_peers = [mine for mine, _ in GRANIAN_PAIRS] if granian_installed() else []
+    assert [p for p in got["proxies"] if p != "nginx"] == ["pump", "floor", "gateway", other, *granian_peers]
+    if granian_peers:
+        for mine, theirs in GRANIAN_PAIRS:
+            pair = got["granian"][f"{mine}/{theirs}"]
+            assert set(pair["ratios"]) == {f"{phase}.{key}" for phase, key in GRANIAN_FIGURES}, pair
+            assert isinstance(pair["passes_cpu_rule"], bool), pair
+    else:
+        assert "granian" not in got
     assert set(got["phases"]) == set(PHASES) >= set(full["phases"])
     problems = [
         m
@@ -213,6 +222,18 @@ def test_baselines_one(tmp_path):
     assert {row["scheme"] for row in got} == {"controller", "threshold"}
     figures = {"goodput", "goodput_ratio", "ttft_p99_s", "tpot_p99_s", "preemptions", "convergence_s", "settled"}
     assert all(row["phases"] and figures <= set(row["phases"][0]) for row in got), got
+
+
+def test_baselines_matrix_quick(tmp_path):
+    """``--matrix --quick``: the two smallest deployments, phases a quarter as long, two schemes."""
+    out = tmp_path / "matrix.json"
+    run_bench("baselines", "--matrix", "--quick", "--schemes", "controller,static_16", "--json", str(out))
+    got = json.loads(out.read_text())
+    assert {row["scheme"] for row in got["cells"]} == {"controller", "static_16"}
+    assert len({row["scenario"] for row in got["cells"]}) == 8  # 2 deployments x 4 scenarios
+    figures = {"goodput", "goodput_ratio", "best_static", "best_static_goodput", "sweet_spot", "settled"}
+    assert all(row["phases"] and figures <= set(row["phases"][0]) for row in got["cells"]), got
+    assert {"name", "profile", "overload", "ttft_slo_s"} <= set(got["deployments"][0])
 
 
 def test_routing_quick(tmp_path):
