@@ -284,6 +284,16 @@ PHASES: dict[str, dict] = {
 # ``post``) and the pump's (it cannot tell where a streamed reply ends).
 CLOSE_STREAMS = {"direct", "pump"}
 
+#: The hot path's budgets against the floor (``bench/floor_proxy.py``) measured in the same run (docs/performance.md):
+#: (phase, figure, how the gateway's figure is set against the floor's, the bound).
+BUDGETS = (
+    ("plain_c32", "cpu_ms_per_request", "ratio", 1.5),
+    ("stream_c8", "cpu_us_per_chunk", "ratio", 1.1),
+    ("latency_stream_c1", "added_ttft_p50_ms", "difference", 0.5),
+)
+#: And the gateway's resident memory with the memory phase's clients connected, most of them queued.
+MEMORY_BUDGET_MB = 200.0
+
 # The issue's targets for the gateway, checked in the report.
 TARGETS = {
     "added_ttft_p50_ms": 1.5,
@@ -320,7 +330,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--compare",
         metavar="REF",
-        help="also measure the gateway of git REF (checked out into a temporary worktree), beside this one",
+        action="append",
+        default=[],
+        help="also measure the gateway of git REF (checked out into a temporary worktree), beside this one; "
+        "repeat it to measure several refs in the same run (each cut of a series beside the one before)",
     )
     add_quick(parser, QUICK)
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -404,18 +417,22 @@ def main(argv: list[str] | None = None) -> None:
 
     with ExitStack() as stack:
         gateways = [Gateway("gateway", gateway_cmd)]
-        compared: dict[str, str] | None = None
-        if args.compare:
-            other, compared = stack.enter_context(ref_gateway(args.compare))
+        compared: list[dict[str, str]] = []
+        for ref in args.compare:
+            other, what = stack.enter_context(ref_gateway(ref))
             gateways.append(other)
+            compared.append({**what, "name": other.name})
         if args.upstream:
             upstream = args.upstream.rstrip("/")
         else:
             upstream_proc, upstream = start_llama()
             stack.callback(upstream_proc.stop)
         results = measure_all(stack, upstream, gateways, args)
-        if compared is not None:
-            results["compare"] = {**compared, "name": gateways[1].name, "ratios": ratios(results, gateways[1].name)}
+        if compared:
+            results["compares"] = [{**what, "ratios": ratios(results, what["name"])} for what in compared]
+            results["compare"] = results["compares"][0]  # the first, where one ref is compared
+        if "floor" in results["proxies"]:
+            results["budgets"] = budgets(results)
     report(results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -589,27 +606,74 @@ def _verdict(value: float | None, target: float, *, at_least: bool) -> str:
     return "met" if met else "[bold red]missed[/bold red]"
 
 
+def budgets(results: dict) -> dict[str, dict]:
+    """Each budget of :data:`BUDGETS` (and the memory one): the gateway's figure, the floor's, the ratio or
+    difference between them, the bound and whether it held. A phase not run is left out."""
+    out: dict[str, dict] = {}
+    phases = results["phases"]
+    for phase, key, how, bound in BUDGETS:
+        if phase not in phases:
+            continue
+        mine, floor = phases[phase]["gateway"][key], phases[phase]["floor"][key]
+        if mine is None or floor is None:
+            continue
+        value = mine / floor if how == "ratio" else mine - floor
+        if how == "ratio" and not floor:
+            continue
+        out[f"{phase}.{key}"] = {
+            "gateway": mine,
+            "floor": floor,
+            how: round(value, 3),
+            "bound": bound,
+            "met": value <= bound,
+        }
+    if "memory" in results:
+        rss = results["memory"]["rss_mb"]
+        out["memory.rss_mb"] = {"gateway": rss, "clients": results["memory"]["clients"], "bound": MEMORY_BUDGET_MB}
+        out["memory.rss_mb"]["met"] = rss <= MEMORY_BUDGET_MB
+    return out
+
+
+def report_budgets(found: dict[str, dict]) -> None:
+    table = Table(title="the hot path's budgets against the floor, this run (docs/performance.md)")
+    for column in ("figure", "gateway", "floor", "gateway vs floor", "budget", ""):
+        table.add_column(column, justify="left" if column == "figure" else "right")
+    for figure, budget in found.items():
+        if "ratio" in budget:
+            versus, bound = f"{budget['ratio']:.2f}x", f"<= {budget['bound']}x"
+        elif "difference" in budget:
+            versus, bound = f"{budget['difference']:+.2f}", f"<= +{budget['bound']}"
+        else:
+            versus, bound = f"{budget['clients']} clients", f"<= {budget['bound']:g} MB"
+        verdict = "met" if budget["met"] else "[bold red]missed[/bold red]"
+        table.add_row(figure, str(budget["gateway"]), str(budget.get("floor", "")), versus, bound, verdict)
+    console.print(table)
+
+
 def report(results: dict) -> None:
     phases = results["phases"]
     proxies = results["proxies"]
-    compared = results.get("compare", {}).get("name")
+    compares = results.get("compares") or ([results["compare"]] if "compare" in results else [])
+    names = [what["name"] for what in compares]
     title = f"sweetspot overhead vs direct ({results['model']} @ {results['upstream']})"
-    if compared:
-        title += f"; {compared} is {results['compare']['ref']} ({results['compare']['commit'][:12]})"
+    for what in compares:
+        title += f"; {what['name']} is {what['ref']} ({what['commit'][:12]})"
     table = Table(title=title)
     table.add_column("measure")
     table.add_column("direct", justify="right")
     for proxy in proxies:
         table.add_column(proxy, justify="right")
-    if compared:
-        table.add_column(f"gateway / {compared}", justify="right")
+    for name in names:
+        table.add_column(f"gateway / {name}", justify="right")
     table.add_column("gateway target", justify="right")
+    blanks = [""] * len(names)
 
-    def ratio_cell(mine: float | None, theirs: float | None) -> list[str]:
-        if not compared:
-            return []
-        value = _ratio(mine, theirs)
-        return [f"{value:.3f}x" if value is not None else ""]
+    def ratio_cells(phase: str, key: str) -> list[str]:
+        cells = []
+        for name in names:
+            value = _ratio(phases[phase]["gateway"][key], phases[phase][name][key])
+            cells.append(f"{value:.3f}x" if value is not None else "")
+        return cells
 
     def row(
         label: str,
@@ -630,7 +694,7 @@ def report(results: dict) -> None:
             goal = f"{'>=' if at_least else '<='} {target}{unit} " + _verdict(
                 phases[phase]["gateway"][key], target, at_least=at_least
             )
-        ratio = ratio_cell(phases[phase]["gateway"][key], phases[phase][compared][key]) if compared else []
+        ratio = ratio_cells(phase, key)
         table.add_row(label, direct, *(f"{v}{unit}" if v is not None else "" for v in values), *ratio, goal)
 
     row("TTFT added p50, streamed c=1", "latency_stream_c1", "added_ttft_p50_ms", " ms", TARGETS["added_ttft_p50_ms"])
@@ -653,7 +717,7 @@ def report(results: dict) -> None:
                 f"{per_chunk[p] / per_chunk['nginx']:.2f}x" if per_chunk[p] and per_chunk["nginx"] else ""
                 for p in proxies
             ),
-            *([""] if compared else []),
+            *blanks,
             "(issue: 50 / 15 us = 3.3x)",
         )
     errors = {p: sum(phases[ph][p]["errors"] for ph in phases) for p in proxies}
@@ -662,7 +726,7 @@ def report(results: dict) -> None:
         "failed requests, all phases",
         str(direct_errors),
         *(str(errors[p]) for p in proxies),
-        *([""] if compared else []),
+        *blanks,
         "0",
     )
     if "memory" in results:
@@ -680,15 +744,20 @@ def report(results: dict) -> None:
             f"RSS, {m['clients']} clients ({m['queued']} queued)",
             "",
             *(memory_cell(p) for p in proxies),
-            *(ratio_cell(m["rss_mb"], by_gateway[compared]["rss_mb"]) if compared else []),
+            *(
+                f"{value:.3f}x" if (value := _ratio(m["rss_mb"], by_gateway.get(name, {}).get("rss_mb"))) else ""
+                for name in names
+            ),
             f"<= {TARGETS['rss_mb']} MB " + _verdict(m["rss_mb"], TARGETS["rss_mb"], at_least=False),
         )
     console.print(table)
     if "granian" in results:
         report_granian(results["granian"])
-    if compared:
+    if "budgets" in results:
+        report_budgets(results["budgets"])
+    for what in compares:
         console.print(
-            f"gateway / {compared}: this tree's figure over {results['compare']['ref']}'s; below 1 is less time, "
+            f"gateway / {what['name']}: this tree's figure over {what['ref']}'s; below 1 is less time, "
             "CPU or memory (and fewer requests or tokens/s)"
         )
 
