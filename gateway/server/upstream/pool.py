@@ -42,6 +42,10 @@ class Upstream:
     # after a streamed reply (vLLM). Until then, and for llama-server, streams ask for "Connection: close".
     streams_keep_alive: bool = False
     _footprint: Footprint | None = None
+    # The ids of ``models``, as a set, and the list they were read from: every request asks whether an upstream
+    # lists its model, and the list is replaced (never changed in place) when the health poll reads it again.
+    _listed: frozenset[str] = frozenset()
+    _listed_from: list[dict[str, Any]] | None = None
 
     @property
     def name(self) -> str:
@@ -76,7 +80,13 @@ class Upstream:
 
     def lists(self, model: str) -> bool:
         """Whether the upstream's own model list names ``model`` (False while the list is not known)."""
-        return self.models is not None and any(entry.get("id") == model for entry in self.models)
+        models = self.models
+        if models is None:
+            return False
+        if models is not self._listed_from:
+            self._listed = frozenset(entry["id"] for entry in models if isinstance(entry.get("id"), str))
+            self._listed_from = models
+        return model in self._listed
 
 
 class UpstreamPool:
