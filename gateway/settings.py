@@ -296,8 +296,9 @@ class AdmissionKnobs(BaseModel):
     max_queued_bytes: int = Field(
         256 * 1024 * 1024,
         gt=0,
-        description="Bytes of request bodies allowed to wait for a permit, all queued requests together; beyond it "
-        "the gateway answers 429 with Retry-After. Bounds the queue's memory where max_queue counts requests.",
+        description="Bytes of request bodies the gateway may hold before their requests run: those waiting for a "
+        "permit and those still arriving, all connections together; beyond it the gateway answers 429 with "
+        "Retry-After. Bounds the queue's memory where max_queue counts requests.",
     )
     queue_timeout_s: float = Field(
         60.0, gt=0, description="Longest a request may wait in the queue before a 503 with Retry-After."

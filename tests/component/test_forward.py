@@ -192,6 +192,34 @@ async def test_a_body_sent_in_pieces_is_put_together(stage: Stage) -> None:
     assert upstream.posts()[0].body == body
 
 
+async def test_bodies_still_arriving_count_against_the_byte_budget(stage: Stage) -> None:
+    """max_queued_bytes holds the bodies being received as well as the waiting ones: many connections sending
+    large bodies at once cannot hold more than it. Past it, a 429 with Retry-After that closes the
+    connection; a body that finishes gives its bytes back, whatever its ending."""
+    upstream = await stage.upstream()
+    gw = await stage.gateway(upstream, max_queued_bytes=1000)
+    queue = gw.parts.queue
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 500}]}).encode()
+    first = gw.request("POST", "/v1/chat/completions", body=body, hold_body=True)
+    first.send_body(body[:300], more=True)
+    second = gw.request("POST", "/v1/chat/completions", body=body, hold_body=True)
+    second.send_body(body[:300], more=True)
+    await until(lambda: queue.receiving_bytes == 600)
+    second.send_body(body[300:], more=True)  # its rest fits (860 of the 1,000 bytes held); 500 more do not
+    second.send_body(b"x" * 500, more=True)
+    await second.done()
+    assert second.status == 429 and second.error()["code"] == "queue_bytes_full"
+    assert int(second.headers["retry-after"]) >= 1 and second.headers["connection"] == "close"
+    assert queue.receiving_bytes == 300  # the first's, still arriving
+    first.send_body(body[300:])
+    await first.done()
+    assert first.status == 200 and upstream.posts()[0].body == body
+    assert queue.receiving_bytes == 0
+    small = await gw.chat().done()  # a body in one message is whole at once: it holds nothing while read
+    assert small.status == 200
+    gw.assert_settled()
+
+
 async def test_a_body_that_does_not_come_in_time_is_a_408_and_the_connection_closes(stage: Stage) -> None:
     upstream = await stage.upstream()
     gw = await stage.gateway(upstream, request_read_timeout_s=0.05)

@@ -205,6 +205,7 @@ class AdmissionQueue(Generic[T]):
         self.max_queue = max_queue
         self.max_queued_bytes = max_queued_bytes
         self.queued_bytes = 0  # bodies of the requests waiting now
+        self.receiving_bytes = 0  # bodies still arriving (read_body holds them here until it has them whole)
         self._clock = clock
         self._queue: FairQueue[_Waiter[T]] = FairQueue(
             classes, discipline=discipline, starvation_after=starvation_after
@@ -234,6 +235,20 @@ class AdmissionQueue(Generic[T]):
     def drain_rate(self) -> float:
         """Permits released per second over the recent past: how fast the queue moves."""
         return self._releases.per_second(self._clock())
+
+    def hold_receiving(self, nbytes: int) -> bool:
+        """A body being received grows by ``nbytes``: held against ``max_queued_bytes`` beside the waiting
+        bodies, so bodies in flight on many connections at once are bounded too. False (nothing held) when
+        they would not fit."""
+        limit = self.max_queued_bytes
+        if limit is not None and self.queued_bytes + self.receiving_bytes + nbytes > limit:
+            return False
+        self.receiving_bytes += nbytes
+        return True
+
+    def release_receiving(self, nbytes: int) -> None:
+        """A body is whole (or refused): the bytes :meth:`hold_receiving` held for it are given back."""
+        self.receiving_bytes -= nbytes
 
     def retry_after(self, ahead: int | None = None) -> int:
         """Seconds until a request joining behind ``ahead`` others would likely be admitted (1..60)."""
@@ -326,9 +341,13 @@ class AdmissionQueue(Generic[T]):
                 return self._grant(target, tenant, slots)
         if len(queue) >= self.max_queue:
             raise QueueFull(f"the gateway's queue is full ({self.max_queue} waiting)", retry_after_s=self.retry_after())
-        if self.max_queued_bytes is not None and self.queued_bytes + nbytes > self.max_queued_bytes:
+        if (
+            self.max_queued_bytes is not None
+            and self.queued_bytes + self.receiving_bytes + nbytes > self.max_queued_bytes
+        ):
             raise QueueBytesFull(
-                f"the gateway's queue holds {self.queued_bytes} bytes of requests, near its {self.max_queued_bytes}",
+                f"the gateway holds {self.queued_bytes + self.receiving_bytes} bytes of requests waiting or "
+                f"arriving, near its {self.max_queued_bytes}",
                 retry_after_s=self.retry_after(),
             )
         if tenant.max_queued is not None and tenant.queued >= tenant.max_queued:

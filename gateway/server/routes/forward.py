@@ -163,12 +163,13 @@ class Forward:
                 limit=settings.max_body_bytes,
                 declared_length=self.headers.content_length,
                 timeout_s=settings.request_read_timeout_s,
+                budget=gateway.queue,
             )
         except ClientGone:  # left while sending its body
             gateway.metrics.rejections.labels("client_disconnected").inc()
             return self._answer(Response(status_code=499))
         except BodyRefused as exc:
-            response = self._refuse(exc.status, str(exc), exc.reason)
+            response = self._refuse(exc.status, str(exc), exc.reason, retry_after_s=exc.retry_after_s)
             response.headers["connection"] = "close"  # the rest of the body is not read
             return response
         try:

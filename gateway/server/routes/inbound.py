@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Protocol
 
 from starlette.types import Receive
 
@@ -76,30 +77,55 @@ class RequestHeaders:
 class BodyRefused(Exception):
     """A request body the gateway will not read to its end: ``status`` and ``reason`` say why."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, *, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
+        self.retry_after_s = retry_after_s
 
 
-async def read_body(receive: Receive, *, limit: int, declared_length: str | None, timeout_s: float) -> bytes:
+class ReceivingBudget(Protocol):
+    """The bytes all bodies being received at once may hold (the admission queue's ``max_queued_bytes``)."""
+
+    def hold_receiving(self, nbytes: int) -> bool: ...
+
+    def release_receiving(self, nbytes: int) -> None: ...
+
+    def retry_after(self) -> int: ...
+
+
+async def read_body(
+    receive: Receive,
+    *,
+    limit: int,
+    declared_length: str | None,
+    timeout_s: float,
+    budget: ReceivingBudget | None = None,
+) -> bytes:
     """The whole request body, read by every route that takes one, in one bounded, timed way.
 
     Raises :class:`BodyRefused` with 413 as soon as the body says, or turns out, to be over ``limit`` bytes
     (nothing past the limit is kept, so a body bomb costs at most ``limit`` bytes), with 408 when the whole
     body has not arrived within ``timeout_s`` of the first read (a trickled body holds a connection no
     longer), and :class:`ClientGone` when the client hangs up first. A body that came in one message (the
-    usual case) is returned as it came, without copying."""
+    usual case) is returned as it came, without copying.
+
+    With a ``budget``, the bytes received are held in it while the body arrives and given back once it is
+    whole: past the budget, with every other body arriving or waiting, a 429 with Retry-After."""
     if declared_length is not None and declared_length.isdigit() and int(declared_length) > limit:
         raise BodyRefused(413, "body_too_large", f"request body exceeds {limit} bytes")
+    held = [0]  # bytes held in the budget for this body so far
     try:
         async with asyncio.timeout(timeout_s):
-            return await _read_within(receive, limit)
+            return await _read_within(receive, limit, budget, held)
     except TimeoutError:
         raise BodyRefused(408, "request_timeout", f"request body not received within {timeout_s:g} s") from None
+    finally:
+        if budget is not None and held[0]:
+            budget.release_receiving(held[0])
 
 
-async def _read_within(receive: Receive, limit: int) -> bytes:
+async def _read_within(receive: Receive, limit: int, budget: ReceivingBudget | None, held: list[int]) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -110,6 +136,16 @@ async def _read_within(receive: Receive, limit: int) -> bytes:
         size += len(body)
         if size > limit:
             raise BodyRefused(413, "body_too_large", f"request body exceeds {limit} bytes")
-        if not message.get("more_body"):
+        more = message.get("more_body", False)
+        if budget is not None and (more or chunks):  # a body in one message is whole at once: nothing held
+            if not budget.hold_receiving(len(body)):
+                raise BodyRefused(
+                    429,
+                    "queue_bytes_full",
+                    "the gateway holds too many bytes of requests waiting or arriving; retry later",
+                    retry_after_s=budget.retry_after(),
+                )
+            held[0] += len(body)
+        if not more:
             return b"".join([*chunks, body]) if chunks else body
         chunks.append(body)

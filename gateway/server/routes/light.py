@@ -109,13 +109,16 @@ class _Light:
                 limit=settings.max_body_bytes,
                 declared_length=self.headers.content_length,
                 timeout_s=settings.request_read_timeout_s,
+                budget=self.gateway.queue,
             )
         except ClientGone:
             self.gateway.metrics.rejections.labels("client_disconnected").inc()
             return Response(status_code=499)
         except BodyRefused as exc:
             self.gateway.metrics.rejections.labels(exc.reason).inc()
-            response = error_response(exc.status, str(exc), reason=exc.reason, dialect=self.dialect)
+            response = error_response(
+                exc.status, str(exc), reason=exc.reason, retry_after_s=exc.retry_after_s, dialect=self.dialect
+            )
             response.headers["connection"] = "close"  # the rest of the body is not read
             return response
 
