@@ -29,6 +29,16 @@ Modes (``mode``, changeable while it runs):
 * ``no_separator``: a stream's headers, then one event that never ends (``data: ...`` and no blank line),
   ``NO_SEPARATOR_PIECE`` bytes at a time until the gateway hangs up or ``NO_SEPARATOR_MAX`` bytes went out
   (``endless_sent`` counts them).
+* ``big:<bytes>``: a whole (not streamed) chat completion of about ``<bytes>`` bytes: one choice whose
+  ``logprobs.content`` lists that many bytes' worth of tokens, its ``usage`` last (a reader must scan it all),
+  sent with chunked encoding (no ``content-length`` to refuse it by) ``BIG_PIECE`` bytes at a time.
+* ``held:<mode>``: counted in ``held``, then held until :meth:`FaultUpstream.release` (or :meth:`close`), then
+  answered as ``<mode>``: requests that keep the gateway's permits taken while a test fills its queue.
+
+A request may choose its own mode: a ``"fault"`` field in its body (the gateway forwards fields it does not
+know untouched) is that request's mode instead of ``mode``, e.g. ``{"fault": "held:big:157286400", ...}``.
+Only ``stream`` and ``fault`` are read from a body (msgspec skips the rest), so a 16 MiB request costs the
+upstream no parsed tree.
 """
 
 from __future__ import annotations
@@ -40,6 +50,10 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any
+
+import msgspec
 
 MODEL = "fault-model"
 LINGER_S = 5.0
@@ -48,6 +62,19 @@ SLOW_TOKENS = 8
 SLOW_TOKEN_S = 0.5
 NO_SEPARATOR_PIECE = 64 * 1024
 NO_SEPARATOR_MAX = 512 * 1024 * 1024
+BIG_PIECE = 1024 * 1024
+#: One token of a ``big:`` answer's ``logprobs.content``.
+BIG_TOKEN = b'{"token":" tok","logprob":-0.25,"bytes":[32,116,111,107],"top_logprobs":[]}'
+
+
+class _RequestHead(msgspec.Struct):
+    """The fields the fake upstream reads from a request body; the rest is skipped unbuilt."""
+
+    stream: Any = None
+    fault: Any = None
+
+
+_HEAD = msgspec.json.Decoder(_RequestHead)
 
 
 class FaultUpstream:
@@ -57,6 +84,8 @@ class FaultUpstream:
         self.deliveries = 0
         self.seen_headers: list[dict[str, str]] = []
         self.endless_sent = 0  # bytes of the never-ending event sent (mode no_separator)
+        self.held = 0  # requests that reached a held: mode (held now or since released)
+        self._released = threading.Event()
         self._lock = threading.Lock()
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -74,6 +103,10 @@ class FaultUpstream:
         with self._lock:
             for conn in list(self._open):
                 _close(conn)
+
+    def release(self) -> None:
+        """Answer every request held by a ``held:`` mode, and the later ones at once."""
+        self._released.set()
 
     def _accept(self) -> None:
         while not self._stop.is_set():
@@ -108,7 +141,7 @@ class FaultUpstream:
                     self._stop.wait(CRASH_AFTER_S)
                     self.close()
                     return
-                if not self._answer(conn, json.loads(body or b"{}")):
+                if not self._answer(conn, _request_head(body)):
                     return
                 served += 1
         except OSError:
@@ -120,7 +153,14 @@ class FaultUpstream:
 
     def _answer(self, conn: socket.socket, request: dict) -> bool:
         """Answer one POST; False to close the connection afterwards (or without answering)."""
-        mode = self.mode
+        mode = request.get("fault") or self.mode
+        if mode.startswith("held:"):
+            with self._lock:
+                self.held += 1
+            while not self._released.wait(0.1):
+                if self._stop.is_set():
+                    return False
+            mode = mode.split(":", 1)[1]
         if mode == "drop":
             return False
         if mode == "hang":
@@ -146,6 +186,9 @@ class FaultUpstream:
                 }
             ).encode()
             conn.sendall(_response(status, body, "application/json"))
+            return True
+        if mode.startswith("big:"):
+            self._big_answer(conn, big_answer(int(mode.split(":", 1)[1])))
             return True
         if request.get("stream"):
             conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
@@ -187,6 +230,17 @@ class FaultUpstream:
         conn.sendall(_response(200, body, "application/json"))
         return True
 
+    def _big_answer(self, conn: socket.socket, body: bytes) -> None:
+        """``body`` with chunked encoding, ``BIG_PIECE`` bytes a chunk (slices of it, never copies)."""
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")
+        view = memoryview(body)
+        for start in range(0, len(body), BIG_PIECE):
+            piece = view[start : start + BIG_PIECE]
+            conn.sendall(f"{len(piece):x}\r\n".encode())
+            conn.sendall(piece)
+            conn.sendall(b"\r\n")
+        conn.sendall(b"0\r\n\r\n")
+
     def _endless_event(self, conn: socket.socket) -> None:
         """One event that never ends, sent until the gateway hangs up (an OSError ends the connection)."""
         conn.sendall(_chunk(b'data: {"choices": [{"index": 0, "delta": {"content": "'))
@@ -196,6 +250,34 @@ class FaultUpstream:
             with self._lock:
                 self.endless_sent += NO_SEPARATOR_PIECE
         self._stop.wait()
+
+
+def _request_head(body: bytes) -> dict[str, Any]:
+    """``stream`` and ``fault`` of a request body (a body that is not a JSON object reads as neither)."""
+    try:
+        head = _HEAD.decode(body or b"{}")
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return {}
+    return {"stream": head.stream, "fault": head.fault if isinstance(head.fault, str) else None}
+
+
+@lru_cache(maxsize=2)
+def big_answer(nbytes: int) -> bytes:
+    """A chat.completion of about ``nbytes`` bytes (at least one token), ``usage`` last; built once per size."""
+    tokens = max(1, (nbytes - 400) // (len(BIG_TOKEN) + 1))
+    head = json.dumps({"id": "chatcmpl-big", "object": "chat.completion", "created": 0, "model": MODEL}).encode()[:-1]
+    usage = {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens}
+    return b"".join(
+        (
+            head,
+            b', "choices": [{"index": 0, "message": {"role": "assistant", "content": "big"}, ',
+            b'"logprobs": {"content": [',
+            b",".join([BIG_TOKEN] * tokens),
+            b']}, "finish_reason": "length"}], "usage": ',
+            json.dumps(usage).encode(),
+            b"}",
+        )
+    )
 
 
 def _read_head(reader) -> tuple[str, str, dict[str, str]] | None:  # type: ignore[no-untyped-def]

@@ -276,3 +276,17 @@ def test_tenants_quick(tmp_path):
     full = recorded("tenants.json")
     problems = missing({case: full[case] for case in ("noisy", "weights", "classes")}, got)
     assert not problems, problems
+
+
+def test_memory_quick(tmp_path):
+    """8 queued 1 MiB requests and 2 answers of 8 MB, in both configurations; the bench exits 1 when a peak RSS
+    is over its bound or a client's outcome is not the configuration's (no llama-server: a fake upstream)."""
+    out = tmp_path / "memory.json"
+    run_bench("memory", "--quick", "--json", str(out))
+    got = json.loads(out.read_text())
+    full = recorded("memory.json")
+    # outcomes and unexpected: counts and bodies by how requests ended, which depend on the configuration
+    figures = [{k: v for k, v in c.items() if k not in ("outcomes", "unexpected")} for c in full["configurations"]]
+    assert not missing({"configurations": figures}, got)
+    assert [c["name"] for c in got["configurations"]] == ["defaults", "raised"]
+    assert all(c["passed"] for c in got["configurations"]), got
