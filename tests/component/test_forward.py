@@ -220,6 +220,26 @@ async def test_bodies_still_arriving_count_against_the_byte_budget(stage: Stage)
     gw.assert_settled()
 
 
+async def test_a_large_declared_body_is_held_whole_before_it_is_read(stage: Stage) -> None:
+    """A body that declares a large length is held in the byte budget whole as soon as its head arrives: one
+    that cannot fit is refused at once (429, nothing of it read), never halfway through its upload."""
+    upstream = await stage.upstream()
+    gw = await stage.gateway(upstream, max_queued_bytes=150_000)
+    queue = gw.parts.queue
+    big = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 100_000}]}).encode()
+    length = {"content-length": str(len(big))}
+    first = gw.request("POST", "/v1/chat/completions", body=big, hold_body=True, headers=length)
+    first.send_body(big[:1000], more=True)
+    await until(lambda: queue.receiving_bytes == len(big))
+    second = await gw.request("POST", "/v1/chat/completions", body=big, hold_body=True, headers=length).done()
+    assert second.status == 429 and second.error()["code"] == "queue_bytes_full"
+    assert "retry-after" in second.headers
+    first.send_body(big[1000:])
+    await first.done()
+    assert first.status == 200 and queue.receiving_bytes == 0
+    gw.assert_settled()
+
+
 async def test_a_body_that_does_not_come_in_time_is_a_408_and_the_connection_closes(stage: Stage) -> None:
     upstream = await stage.upstream()
     gw = await stage.gateway(upstream, request_read_timeout_s=0.05)

@@ -94,6 +94,11 @@ class ReceivingBudget(Protocol):
     def retry_after(self) -> int: ...
 
 
+#: A declared body at least this large is held in the budget whole before any of it is read; a smaller one comes
+#: in a message or two (uvicorn pauses a connection past 64 KiB of body not yet read) and is held by none.
+HOLD_DECLARED_FROM = 64 * 1024
+
+
 async def read_body(
     receive: Receive,
     *,
@@ -110,19 +115,37 @@ async def read_body(
     longer), and :class:`ClientGone` when the client hangs up first. A body that came in one message (the
     usual case) is returned as it came, without copying.
 
-    With a ``budget``, the bytes received are held in it while the body arrives and given back once it is
-    whole: past the budget, with every other body arriving or waiting, a 429 with Retry-After."""
-    if declared_length is not None and declared_length.isdigit() and int(declared_length) > limit:
+    With a ``budget``, a body is held in it while it arrives and given back once it is whole: a large body
+    that declares its length is held whole before any of it is read (refused at once when it does not fit),
+    one sent in chunks of unknown total piece by piece (refused when a piece does not fit). A refusal is a
+    429 with Retry-After."""
+    declared = int(declared_length) if declared_length is not None and declared_length.isdigit() else None
+    if declared is not None and declared > limit:
         raise BodyRefused(413, "body_too_large", f"request body exceeds {limit} bytes")
     held = [0]  # bytes held in the budget for this body so far
+    held_in = budget
     try:
+        if budget is not None and declared is not None and declared >= HOLD_DECLARED_FROM:
+            _hold(budget, declared, held)
+            budget = None  # held whole: nothing more to hold while it arrives
         async with asyncio.timeout(timeout_s):
             return await _read_within(receive, limit, budget, held)
     except TimeoutError:
         raise BodyRefused(408, "request_timeout", f"request body not received within {timeout_s:g} s") from None
     finally:
-        if budget is not None and held[0]:
-            budget.release_receiving(held[0])
+        if held[0] and held_in is not None:
+            held_in.release_receiving(held[0])
+
+
+def _hold(budget: ReceivingBudget, nbytes: int, held: list[int]) -> None:
+    if not budget.hold_receiving(nbytes):
+        raise BodyRefused(
+            429,
+            "queue_bytes_full",
+            "the gateway holds too many bytes of requests waiting or arriving; retry later",
+            retry_after_s=budget.retry_after(),
+        )
+    held[0] += nbytes
 
 
 async def _read_within(receive: Receive, limit: int, budget: ReceivingBudget | None, held: list[int]) -> bytes:
@@ -138,14 +161,7 @@ async def _read_within(receive: Receive, limit: int, budget: ReceivingBudget | N
             raise BodyRefused(413, "body_too_large", f"request body exceeds {limit} bytes")
         more = message.get("more_body", False)
         if budget is not None and (more or chunks):  # a body in one message is whole at once: nothing held
-            if not budget.hold_receiving(len(body)):
-                raise BodyRefused(
-                    429,
-                    "queue_bytes_full",
-                    "the gateway holds too many bytes of requests waiting or arriving; retry later",
-                    retry_after_s=budget.retry_after(),
-                )
-            held[0] += len(body)
+            _hold(budget, len(body), held)
         if not more:
             return b"".join([*chunks, body]) if chunks else body
         chunks.append(body)
