@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from bench.overhead import COMPARED, GRANIAN_FIGURES, GRANIAN_PAIRS, PHASES, granian_installed
+from bench.overhead import BUDGETS, COMPARED, GRANIAN_FIGURES, GRANIAN_PAIRS, PHASES, granian_installed
+from bench.profile import LOADS
 from bench.soak import FAULTS
 from gateway.common.processes import RunningProcess
 from testbed.llama import llama_binary, start_llama_server
@@ -151,9 +152,28 @@ def test_overhead_quick(upstream, tmp_path):
     assert all(set(ratios[phase]) == set(COMPARED) for phase in PHASES)
     assert set(ratios["memory"]) == {"rss_mb", "rss_growth_mb"}
     assert got["compare"]["commit"] and got["compare"]["ref"] == "HEAD"
+    assert [what["ref"] for what in got["compares"]] == ["HEAD"]
+    budgets = {f"{phase}.{key}" for phase, key, _, _ in BUDGETS} | {"memory.rss_mb"}
+    assert set(got["budgets"]) == budgets and all(isinstance(b["met"], bool) for b in got["budgets"].values())
     after = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
     left = [line for line in after.splitlines() if "/sweetspot-" in line and line not in worktrees.splitlines()]
     assert not left, f"the compared ref's worktree was left behind: {left}"
+
+
+def test_profile_quick(upstream, tmp_path):
+    """``bench.profile --quick``: py-spy attached to the floor and to the gateway, a flame graph of each load
+    for each, and every part's CPU per request (and per chunk, streamed) in the JSON."""
+    run_bench("profile", "--quick", "--upstream", upstream, "--out", str(tmp_path))
+    got = json.loads((tmp_path / "profile.json").read_text())
+    assert set(got["targets"]) == {"floor", "gateway"}
+    for target, loads in got["targets"].items():
+        assert set(loads) == set(LOADS)
+        for name, found in loads.items():
+            assert (tmp_path / f"{target}-{name}.svg").read_text().lstrip().startswith("<?xml")
+            assert found["samples"] > 0 and found["us_per_request"], found
+            assert ("us_per_chunk" in found) == LOADS[name]["stream"], found
+    gateway_parts = set(got["targets"]["gateway"]["plain"]["us_per_request"])
+    assert {"access log", "routes (forward, errors)", "aiohttp (upstream client)"} <= gateway_parts
 
 
 def test_workers_quick(upstream, tmp_path):
