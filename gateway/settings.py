@@ -178,6 +178,40 @@ class UpstreamKnobs(BaseModel):
     )
 
 
+class ModelKnobs(BaseModel):
+    """The model names clients may ask for beside those the upstreams list (docs/gateway.md, "Model names")."""
+
+    model_aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="Client model names and the served name each stands for, as a JSON object "
+        '(`{"gpt-4o-mini": "qwen3-8b"}`; TOML: a [model_aliases] table). The served name is what goes upstream '
+        "and what metrics label; /v1/models lists each alias. An alias may name another alias; a cycle is refused.",
+    )
+    default_model: str | None = Field(
+        None,
+        description="The served name (or an alias) for requests whose model no upstream lists. Unset: such a "
+        "request goes to an upstream that answers any name (llama-server serving one model), else it is a 404.",
+    )
+
+
+def alias_targets(aliases: dict[str, str]) -> dict[str, str]:
+    """Each alias with the served name it ends at (an alias may name another alias). A cycle, or an empty
+    name, is a ValueError of one line."""
+    resolved: dict[str, str] = {}
+    for alias in aliases:
+        if not alias or not aliases[alias]:
+            raise ValueError(f"model_aliases: names must not be empty ({alias!r}: {aliases[alias]!r})")
+        chain = [alias]
+        target = aliases[alias]
+        while target in aliases:
+            if target in chain:
+                raise ValueError(f"model_aliases: a cycle of aliases: {' -> '.join([*chain, target])}")
+            chain.append(target)
+            target = aliases[target]
+        resolved[alias] = target
+    return resolved
+
+
 class TimeoutKnobs(BaseModel):
     """How long each part of an upstream request may take before it is aborted."""
 
@@ -445,6 +479,7 @@ class LoggingKnobs(BaseModel):
 SECTIONS: dict[str, type[BaseModel]] = {
     "Listening and front door": ListeningKnobs,
     "Upstreams": UpstreamKnobs,
+    "Model names": ModelKnobs,
     "Upstream timeouts": TimeoutKnobs,
     "Clients and keys": ClientKnobs,
     "Tenants and priorities": TenantKnobs,
@@ -463,6 +498,7 @@ class Settings(
     ControllerKnobs,
     ListeningKnobs,
     UpstreamKnobs,
+    ModelKnobs,
     TimeoutKnobs,
     ClientKnobs,
     TenantKnobs,
@@ -520,6 +556,15 @@ class Settings(
                 f"algorithm {self.algorithm!r} needs the control loop, which control_enabled=false "
                 "turns off (a static limit)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_models(self) -> Settings:
+        """A cycle of aliases, or an empty name, cannot mean anything: one line at start-up (exit 2). A served
+        name no upstream lists is only known once they are polled: a warning then (it may be loaded later)."""
+        alias_targets(self.model_aliases)
+        if self.default_model is not None and not self.default_model.strip():
+            raise ValueError("default_model must not be empty (unset it instead)")
         return self
 
     @model_validator(mode="after")

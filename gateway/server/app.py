@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -29,6 +30,8 @@ from gateway.settings import Settings
 from gateway.telemetry.loop_lag import LoopLagProbe
 from gateway.telemetry.nvml import GpuSource
 
+log = logging.getLogger("sweetspot.upstreams")
+
 
 def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source: GpuSource | None = None) -> FastAPI:
     """The gateway app. ``gpu_source`` replaces NVML (tests without a GPU pass a fake)."""
@@ -42,6 +45,8 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         poll = health_tick(gateway)
         await poll()  # know health and models before the first request
+        for warning in gateway.pool.unlisted_targets():
+            log.warning(warning)
         control_loop.start()
         loops = [
             every(settings.health_interval_s, poll, "health poll"),

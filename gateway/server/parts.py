@@ -88,7 +88,16 @@ class Gateway:
             stream_idle_timeout_s=settings.stream_idle_timeout_s,
             metrics=metrics,
         )
-        gateway = cls(settings, UpstreamPool(upstreams), queue, client, metrics, tenants, clock, router=router)
+        gateway = cls(
+            settings,
+            UpstreamPool(upstreams, aliases=settings.model_aliases, default_model=settings.default_model),
+            queue,
+            client,
+            metrics,
+            tenants,
+            clock,
+            router=router,
+        )
         _bind_metrics(gateway)
         return gateway
 

@@ -127,10 +127,10 @@ Behaviour = Callable[[web.Request, Seen, "FakeUpstream"], Awaitable[web.StreamRe
 class FakeUpstream:
     """An OpenAI-style server on a loopback port whose answers each test scripts.
 
-    ``GET /health``, ``/v1/models`` and ``/metrics`` answer from ``health``, ``models`` and ``metrics_text`` (the
-    scraper's ``/props`` and ``/slots``: 404, as on a server that is not llama-server); any other request is
-    recorded in ``received`` and answered by the next behaviour queued with :meth:`then`, or by ``default`` when
-    none is queued. With ``close_kept`` set, a request arriving on a connection that already
+    ``GET /health``, ``/v1/models``, ``/metrics`` and ``/props`` answer from ``health``, ``models``,
+    ``metrics_text`` and ``props`` (unset: 404, as on a server that is not llama-server; ``/slots`` too); any other
+    request is recorded in ``received`` and answered by the next behaviour queued with :meth:`then`, or by
+    ``default`` when none is queued. With ``close_kept`` set, a request arriving on a connection that already
     served one is dropped unread (the keep-alive race: the server closed it as the request went out), counted in
     ``unread`` and not in ``received``. An answer cut short by the gateway (its connection closed) marks its
     :class:`Seen` ``aborted``: handlers are cancelled when their client goes.
@@ -140,6 +140,7 @@ class FakeUpstream:
         self.models: list[str] | None = [MODEL] if models is None else models
         self.health = 200
         self.metrics_text: str | None = None  # None: /metrics answers 404, as on a plain OpenAI server
+        self.props: dict[str, Any] | None = None  # set (``{"total_slots": 4}``): /props answers, as llama-server's
         self.default: Behaviour = whole(chat_answer())
         self.close_kept = False
         self.received: list[Seen] = []
@@ -231,6 +232,8 @@ class FakeUpstream:
             if self.models is None:
                 return web.json_response({"error": "no such route"}, status=404)
             return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]})
+        if path == "/props" and self.props is not None:
+            return web.json_response(self.props)
         if path != "/metrics" or self.metrics_text is None:
             return web.Response(status=404, text="not found")
         return web.Response(text=self.metrics_text, content_type="text/plain")

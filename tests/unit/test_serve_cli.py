@@ -178,6 +178,7 @@ def test_help_lists_the_flags_by_section_with_their_env_names(serve) -> None:
         (("--limit-min", "9", "--limit-max", "3"), "limit_min (9) exceeds limit_max (3)"),
         (("--no-control", "--algorithm", "mypkg.limits:MyLimit"), "needs the control loop"),
         (("--share-ttl-s", "0"), "invalid settings: share_ttl_s"),
+        (("--model-aliases", '{"a": "b", "b": "a"}'), "model_aliases: a cycle of aliases: a -> b -> a"),
     ],
 )
 def test_a_value_the_settings_refuse_is_one_line_and_exit_2(serve, args, expected) -> None:

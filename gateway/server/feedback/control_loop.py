@@ -185,7 +185,9 @@ class ControlLoop:
 
         async def one(name: str, scraper: BackendScraper) -> None:
             snapshot = await scraper.scrape()
-            self.gateway.pool.by_name[name].streams_keep_alive = scraper.kind == "vllm"
+            upstream = self.gateway.pool.by_name[name]
+            upstream.streams_keep_alive = scraper.kind == "vllm"
+            upstream.any_name = scraper.kind == "llamacpp"  # llama-server answers any model name
             if snapshot.error is not None:
                 self.gateway.metrics.backend_scrape_errors.labels(name).inc()
 

@@ -27,6 +27,7 @@ class RequestTracker:
     clock: Callable[[], float] = time.monotonic
     model: str = ""  # the metrics' label: the name when an upstream lists it, else `other` (bounded)
     requested_model: str = ""  # the name the client sent, for the access log
+    served_model: str = ""  # the name that went upstream (an alias's or the default's; else the client's)
     upstream: Upstream | None = None
     admitted: float | None = None
     queue_wait: float = 0.0
@@ -152,7 +153,8 @@ class RequestTracker:
         output = self.output_tokens if self.output_tokens is not None else self.streamed_tokens
         return {
             "upstream": upstream.name if upstream is not None else None,
-            "model": self.requested_model or None,
+            "model": self.served_model or self.requested_model or None,
+            "client_model": self.requested_model or None,
             "outcome": self.outcome.value if self.outcome is not None else None,
             "streamed": self.streamed,
             "queue_wait_s": round(self.queue_wait, 6),

@@ -39,8 +39,10 @@ from gateway.server.routes.inbound import BodyRefused, RequestHeaders, read_body
 from gateway.server.routes.table import Route
 from gateway.server.routes.validation import (
     BadRequest,
+    model_not_found,
     parse_body,
     sequences,
+    with_model,
     with_usage_requested,
 )
 from gateway.server.upstream.pool import Upstream
@@ -181,11 +183,10 @@ class Forward:
         except BadRequest as exc:
             return self._refuse(400, str(exc), "bad_request", code=exc.code or "invalid_request", param=exc.param)
         model: str = parsed.model  # type: ignore[attr-defined]
-        eligible = gateway.pool.eligible(model)
+        resolved = gateway.pool.resolve(model)
+        eligible = resolved.eligible
         if not eligible:
-            return self._refuse(
-                404, f"the model `{model}` does not exist on any upstream", "model_not_found", param="model"
-            )
+            return self._refuse(404, model_not_found(model, resolved.served), "model_not_found", param="model")
         self.slots = slots = sequences(parsed)
         widest = gateway.pool.widest_admitted(eligible, settings)
         if slots > widest:
@@ -198,7 +199,8 @@ class Forward:
                 param="n" if getattr(parsed, "n", None) else "prompt",
             )
         self.tracker.requested_model = model
-        self.tracker.model = gateway.pool.model_label(model)  # a bounded label value from here on
+        self.tracker.served_model = resolved.served
+        self.tracker.model = resolved.label  # a bounded label value from here on
         previous = getattr(parsed, "previous_response_id", None)
         if previous is not None:
             # A conversation continues where its state is: the upstream that created the previous response.
@@ -216,6 +218,8 @@ class Forward:
         # Several upstreams could take it: the router weighs where its prompt's prefix is cached against load.
         hint = gateway.router.hint(parsed) if gateway.router is not None and len(eligible) > 1 else None
         stream = bool(getattr(parsed, "stream", False)) and self.route.streams
+        if resolved.served != model:  # an alias or the default: the served name goes upstream
+            body = with_model(body, resolved.served)
         forward_usage = True
         if stream and self.route.asks_usage:
             options = parsed.stream_options  # type: ignore[attr-defined]

@@ -29,6 +29,7 @@ from gateway.server.relay.request_watch import ClientGone
 from gateway.server.routes.auth import unauthorized
 from gateway.server.routes.errors import Dialect, error_response
 from gateway.server.routes.inbound import BodyRefused, RequestHeaders, read_body
+from gateway.server.routes.validation import model_not_found, with_model
 from gateway.server.upstream.pool import Upstream
 from gateway.server.upstream.response_affinity import RESPONSE_ID
 from gateway.server.upstream.upstream_client import UpstreamFailed
@@ -65,9 +66,9 @@ class _Light:
             return unauthorized(gateway.metrics, dialect=self.dialect)
         return None
 
-    def candidates(self, model: str | None) -> list[Upstream]:
-        """Healthy upstreams serving ``model`` (any, when None), the most free permits first."""
-        pool = [u for u in self.gateway.pool if u.healthy and (model is None or u.serves(model))]
+    def candidates(self, eligible: list[str] | None) -> list[Upstream]:
+        """Healthy upstreams among ``eligible`` (any, when None), the most free permits first."""
+        pool = [u for u in self.gateway.pool if u.healthy and (eligible is None or u.name in eligible)]
         return sorted(pool, key=lambda u: u.limiter.free, reverse=True)
 
     async def send(self, upstream: Upstream, path: str, body: bytes | None) -> Response:
@@ -153,12 +154,15 @@ async def _by_model(request: Request, dialect: Dialect = Dialect.OPENAI) -> Resp
     except ValueError:
         return error_response(400, "request body is not valid JSON", code="invalid_json", dialect=dialect)
     model = parsed.get("model") if isinstance(parsed, dict) else None
-    named = model if isinstance(model, str) else None
-    if named is not None and not light.gateway.pool.eligible(named):
-        return error_response(
-            404, f"the model `{named}` does not exist on any upstream", code="model_not_found", dialect=dialect
-        )
-    upstreams = light.candidates(named)
+    eligible: list[str] | None = None
+    if isinstance(model, str):
+        resolved = light.gateway.pool.resolve(model)
+        if not resolved.eligible:
+            return error_response(404, model_not_found(model, resolved.served), code="model_not_found", dialect=dialect)
+        eligible = resolved.eligible
+        if resolved.served != model:  # an alias or the default: the served name goes upstream
+            body = with_model(body, resolved.served)
+    upstreams = light.candidates(eligible)
     if not upstreams:
         return error_response(
             503, "no healthy upstream serves this request", reason="no_upstream", retry_after_s=2, dialect=dialect

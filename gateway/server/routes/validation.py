@@ -4,7 +4,8 @@ The gateway validates only what it must understand (the model, the prompt, strea
 limits) and the types of common fields, so a mistyped request fails here with a clear 400 instead of
 costing an upstream slot. Every other field passes through untouched: backends add their own
 (``ignore_eos``, ``top_k``, ``chat_template_kwargs``, ...), and the original bytes are forwarded
-whenever the gateway does not need to change them.
+whenever the gateway does not need to change them: only to ask for usage, and to name the served model when
+an alias or the default model applies.
 """
 
 from __future__ import annotations
@@ -154,3 +155,19 @@ def with_usage_requested(body: bytes, options: dict | None) -> bytes:
     data = json.loads(body)
     data["stream_options"] = {**(options or {}), "include_usage": True}
     return json.dumps(data).encode()
+
+
+def with_model(body: bytes, served: str) -> bytes:
+    """The request body naming ``served`` as its model (an alias or the default model applied). Re-serialised
+    through ``json``, which only these requests pay: a name the client chose may also appear anywhere else in
+    the body (a message, a tool), so no byte splice could tell the top-level field from the others."""
+    data = json.loads(body)
+    data["model"] = served
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def model_not_found(model: str, served: str) -> str:
+    """The 404's message for a name nobody serves (naming the served name when an alias or the default applied)."""
+    if served == model:
+        return f"the model `{model}` does not exist on any upstream"
+    return f"the model `{model}` (served as `{served}`) does not exist on any upstream"

@@ -5,18 +5,22 @@ request path (:meth:`Upstream.mark_down`: a refused connection, or requests that
 ``/health`` still answers); a request for a model no upstream serves gets a 404 instead of a slot, and a
 request goes only to upstreams that serve its model. Clients are told an upstream's ``public_name``,
 never its URL.
+
+A client's model name becomes the served name here (:meth:`UpstreamPool.resolve`): an alias
+(``model_aliases``), the ``default_model`` for a name no upstream lists, or, without a default, the name itself
+on an upstream that answers any name (llama-server serving one model, as the backend scrape detects).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.control.knee_search.capacity import Footprint
 from gateway.control.window import SlidingWindow
 from gateway.server.admission.admission_queue import Limiter
-from gateway.settings import Settings
+from gateway.settings import Settings, alias_targets
 
 #: The ``model`` label of requests for a name no upstream lists.
 OTHER_MODELS = "other"
@@ -41,6 +45,8 @@ class Upstream:
     # Streams may stay on pooled connections: set once the backend is known to keep a connection usable
     # after a streamed reply (vLLM). Until then, and for llama-server, streams ask for "Connection: close".
     streams_keep_alive: bool = False
+    # Set by the backend scrape when the backend is llama-server, which answers whatever model a request names.
+    any_name: bool = False
     _footprint: Footprint | None = None
     # The ids of ``models``, as a set, and the list they were read from: every request asks whether an upstream
     # lists its model, and the list is replaced (never changed in place) when the health poll reads it again.
@@ -78,6 +84,12 @@ class Upstream:
         """Unknown model lists serve everything: never refuse on missing information."""
         return self.models is None or self.lists(model)
 
+    @property
+    def takes_any_name(self) -> bool:
+        """Whether it may run a request for a name no upstream lists: llama-server serving one model (a
+        llama-server that lists several, in router mode, picks by name as vLLM does)."""
+        return self.any_name and (self.models is None or len(self.models) <= 1)
+
     def lists(self, model: str) -> bool:
         """Whether the upstream's own model list names ``model`` (False while the list is not known)."""
         models = self.models
@@ -89,14 +101,70 @@ class Upstream:
         return model in self._listed
 
 
+class Resolved(NamedTuple):
+    """Where a request for one model name goes."""
+
+    served: str  # the name that goes upstream (the client's own unless an alias or the default applied)
+    eligible: list[str]  # the upstreams that may run it; empty: nobody serves it (a 404)
+    label: str  # the metrics' ``model`` label: the served name, bounded (:meth:`UpstreamPool.model_label`)
+
+
 class UpstreamPool:
     """All upstreams, looked up by URL, plus the health/model polling they need."""
 
-    def __init__(self, upstreams: list[Upstream]) -> None:
+    def __init__(
+        self, upstreams: list[Upstream], *, aliases: dict[str, str] | None = None, default_model: str | None = None
+    ) -> None:
         if not upstreams:
             raise ValueError("at least one upstream is required")
         self.upstreams = upstreams
         self.by_name = {upstream.name: upstream for upstream in upstreams}
+        self.aliases = alias_targets(aliases or {})  # each alias with the served name it ends at
+        self.default_model = self.aliases.get(default_model, default_model) if default_model else None
+
+    def resolve(self, model: str) -> Resolved:
+        """The served name for a client's ``model`` and the upstreams that may run it: an alias's served name;
+        else the name itself when an upstream lists it (or may: its list is not known); else the default model;
+        else, without a default, the name itself on the upstreams that answer any name. The common case (no
+        alias, no default) costs one dict lookup more than the model check itself."""
+        served = self.aliases.get(model)
+        if served is None:
+            default = self.default_model
+            if default is None or self.listed(model):
+                eligible = self.eligible(model)
+                return Resolved(model, eligible, self.model_label(model)) if eligible else self._any_name(model)
+            served = default
+        eligible = self.eligible(served)
+        return Resolved(served, eligible, self.model_label(served)) if eligible else self._any_name(served)
+
+    def _any_name(self, served: str) -> Resolved:
+        """A name no upstream lists, for the upstreams that answer any name, when they serve one model between
+        them (replicas of one llama-server): labelled with it, what ran. Upstreams that answer any name but
+        serve different models (a chat model here, an embedding model there) cannot tell which the client
+        meant: nobody takes it (a 404), as a name nobody serves."""
+        takers = [upstream for upstream in self.upstreams if upstream.takes_any_name]
+        ids = {entry.get("id") for upstream in takers for entry in upstream.models or []}
+        if len(ids) > 1:
+            return Resolved(served, [], OTHER_MODELS)
+        label = ids.pop() if ids and all(u.models for u in takers) else None
+        return Resolved(served, [u.name for u in takers], label if isinstance(label, str) else OTHER_MODELS)
+
+    def listed(self, model: str) -> bool:
+        """Whether any upstream's own list names ``model``."""
+        return any(upstream.lists(model) for upstream in self.upstreams)
+
+    def unlisted_targets(self) -> list[str]:
+        """A warning for each alias (and the default) whose served name no upstream lists now: requests for it
+        are refused until one does (a model loaded later), unless an upstream answers any name."""
+        targets = {served: f"model_aliases: {alias!r}" for alias, served in self.aliases.items()}
+        if self.default_model is not None:
+            targets.setdefault(self.default_model, "default_model")
+        return [
+            f"{where} names {served!r}, which no upstream lists now; requests for it get 404 until one does "
+            "(a model loaded later, or an upstream that answers any name, such as llama-server)"
+            for served, where in targets.items()
+            if not self.listed(served)
+        ]
 
     def __iter__(self) -> Iterator[Upstream]:
         return iter(self.upstreams)
@@ -105,7 +173,7 @@ class UpstreamPool:
         """The ``model`` label value for a request's metrics: the name when an upstream lists it, else
         :data:`OTHER_MODELS`. An upstream whose list cannot be read (a timeout, a 401) serves any name, and a
         client could otherwise mint one series per name it sends."""
-        return model if any(upstream.lists(model) for upstream in self.upstreams) else OTHER_MODELS
+        return model if self.listed(model) else OTHER_MODELS
 
     def eligible(self, model: str) -> list[str]:
         return [upstream.name for upstream in self.upstreams if upstream.serves(model)]
@@ -114,11 +182,23 @@ class UpstreamPool:
         return all(upstream.models is not None for upstream in self.upstreams)
 
     def all_models(self) -> list[dict[str, Any]]:
-        """The union of the upstreams' model lists, first listing wins for duplicate ids."""
+        """The union of the upstreams' model lists, first listing wins for duplicate ids; then each alias whose
+        served name is served now, saying what it is an alias of (an alias takes the place of a listed id)."""
         seen: dict[str, dict[str, Any]] = {}
         for upstream in self.upstreams:
             for entry in upstream.models or []:
                 seen.setdefault(str(entry.get("id")), entry)
+        for alias, served in self.aliases.items():
+            if self.resolve(alias).eligible:
+                target = seen.get(served, {})
+                created = target.get("created")
+                seen[alias] = {
+                    "id": alias,
+                    "object": "model",
+                    "created": created if isinstance(created, int) else 0,
+                    "owned_by": f"alias of {served}",
+                    "root": served,
+                }
         return list(seen.values())
 
     def any_healthy(self) -> bool:
