@@ -457,6 +457,25 @@ class ReplicaKnobs(BaseModel):
     )
 
 
+class CapacityKnobs(BaseModel):
+    """The capacity signal: how many backends each model's demand needs (docs/deploy.md, "The capacity signal")."""
+
+    target_utilisation: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="Share of a backend's measured capacity (what it delivers at its limit) the capacity signal "
+        "plans to use: sweetspot_upstreams_desired = ceil(demand / (target_utilisation x the pool's median "
+        "capacity)). 0.8 leaves a fifth for bursts and for the minutes a new backend takes to load its model.",
+    )
+    scale_down_after_s: float = Field(
+        300.0,
+        ge=0,
+        description="How long a lower figure of sweetspot_upstreams_desired must hold before the exported figure "
+        "goes down (it goes up at once). 300 s: KEDA's and the HPA's own scale-down stabilisation window.",
+    )
+
+
 class LoggingKnobs(BaseModel):
     """What the gateway writes about itself."""
 
@@ -489,6 +508,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "Controller: limits, objectives, the knee search": ControllerKnobs,
     "Headroom and hard caps": HeadroomKnobs,
     "Replicas and shared state": ReplicaKnobs,
+    "Capacity signal": CapacityKnobs,
     "Logging and metrics": LoggingKnobs,
 }
 
@@ -507,6 +527,7 @@ class Settings(
     ControlLoopKnobs,
     HeadroomKnobs,
     ReplicaKnobs,
+    CapacityKnobs,
     LoggingKnobs,
 ):
     """The gateway's configuration: every section's fields (:data:`SECTIONS`), and the checks that span

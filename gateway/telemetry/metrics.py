@@ -349,6 +349,55 @@ class GatewayMetrics:
             registry=r,
         )
 
+        # --- the capacity signal (gateway/control/capacity_signal.py; docs/deploy.md, "The capacity signal") ----
+        # Every figure is absent until it is measured: a backend's capacity until its limit has bound for a
+        # whole window, the pool's and the desired count until one backend of the model has been measured.
+        self.upstream_capacity_requests = Gauge(
+            "sweetspot_upstream_capacity_requests_per_second",
+            "Successful requests/s the upstream delivered over a window in which its limit bound throughout: what "
+            "one backend does at its limit (this replica's share of it when replicas share the backend).",
+            ["upstream", "model"],
+            registry=r,
+        )
+        self.upstream_capacity_tokens = Gauge(
+            "sweetspot_upstream_capacity_tokens_per_second",
+            "Output tokens/s the upstream delivered over a window in which its limit bound throughout.",
+            ["upstream", "model"],
+            registry=r,
+        )
+        self.pool_capacity_requests = Gauge(
+            "sweetspot_pool_capacity_requests_per_second",
+            "Median over the model's measured upstreams of sweetspot_upstream_capacity_requests_per_second.",
+            ["model"],
+            registry=r,
+        )
+        self.pool_capacity_tokens = Gauge(
+            "sweetspot_pool_capacity_tokens_per_second",
+            "Median over the model's measured upstreams of sweetspot_upstream_capacity_tokens_per_second.",
+            ["model"],
+            registry=r,
+        )
+        self.demand_requests = Gauge(
+            "sweetspot_demand_requests_per_second",
+            "Requests/s arriving for the model at this replica, what waits included: completions/s plus the growth "
+            "of in flight + queued over the window.",
+            ["model"],
+            registry=r,
+        )
+        self.upstreams_desired = Gauge(
+            "sweetspot_upstreams_desired",
+            "Backends the model's demand needs at target_utilisation of the pool's capacity, "
+            "ceil(demand / (target_utilisation x pool capacity)), up at once and down after scale_down_after_s.",
+            ["model"],
+            registry=r,
+        )
+        self.upstreams_serving = Gauge(
+            "sweetspot_upstreams_serving",
+            "Upstreams the gateway knows serving the model (sweetspot_upstreams_desired's counterpart).",
+            ["model"],
+            registry=r,
+        )
+
         # --- headroom: GPUs and the backend's own signals ------------------------------------------
         self.gpu_memory_free_ratio = Gauge(
             "sweetspot_gpu_memory_free_ratio", "NVML free memory / total, per GPU.", ["gpu"], registry=r

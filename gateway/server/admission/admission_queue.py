@@ -229,6 +229,12 @@ class AdmissionQueue(Generic[T]):
             return len(self._queue)
         return sum(1 for w in self._queue if w.eligible is None or name in w.eligible)
 
+    def depth_among(self, names: Collection[str]) -> int:
+        """Queued requests any of ``names`` could serve (each counted once): the demand waiting for them."""
+        if set(self.targets) <= set(names):
+            return len(self._queue)
+        return sum(1 for w in self._queue if w.eligible is None or any(name in w.eligible for name in names))
+
     def class_depth(self, cls: int) -> int:
         return self._queue.depth(cls)
 

@@ -30,6 +30,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from gateway.control.algorithm import Decision, LimitAlgorithm, RequestObserver
+from gateway.control.capacity_signal import CapacitySignal, ModelSignal, Reading
 from gateway.control.config import AimdConfig
 from gateway.control.controller import UpstreamControl
 from gateway.control.knee_search.capacity import kv_cap
@@ -40,7 +41,7 @@ from gateway.server.feedback.algorithm_path import load_factory
 from gateway.server.feedback.share_board import REJECT_REASONS, Bounds, ShareBoard, default_namespace
 from gateway.server.feedback.start_points import load_start_points
 from gateway.server.parts import Gateway
-from gateway.server.upstream.pool import Upstream
+from gateway.server.upstream.pool import OTHER_MODELS, Upstream
 from gateway.telemetry.backends import BackendScraper, BackendSnapshot
 from gateway.telemetry.nvml import GpuSource, NvmlSource
 
@@ -63,6 +64,9 @@ class ControlLoop:
     gpus_at: float | None = None
     board: ShareBoard | None = None  # the replicas' shared state, when configured
     _failing: set[str] = field(default_factory=set)  # upstreams whose last control tick raised
+    signal: CapacitySignal | None = None  # the capacity signal, computed on the control tick
+    _saturated: dict[str, bool] = field(default_factory=dict)  # whether each upstream's limit bound last tick
+    _exported: dict[str, set[tuple[str, ...]]] = field(default_factory=dict)  # capacity series set, by metric
 
     @classmethod
     def build(cls, gateway: Gateway, gpu_source: GpuSource | None = None) -> ControlLoop:
@@ -98,6 +102,7 @@ class ControlLoop:
                 loop.controls[upstream.name] = control
                 if isinstance(control.algorithm, RequestObserver):
                     upstream.limiter.on_end = loop.request_listener(upstream, control.algorithm)
+        loop.signal = CapacitySignal(settings.target_utilisation, settings.scale_down_after_s, settings.window_s)
         if settings.share_redis_url and loop.controls:
             loop.board = loop.share_board(settings.share_redis_url)
         return loop
@@ -229,6 +234,67 @@ class ControlLoop:
                 if name in self._failing:
                     log.info("the control tick of %s works again", name)
                 self._failing.discard(name)
+        try:
+            self.capacity_tick(now)
+        except Exception:
+            log.exception("the capacity signal's tick failed; its figures hold")
+
+    # --- the capacity signal ----------------------------------------------------------------------------
+    def capacity_tick(self, now: float) -> list[ModelSignal]:
+        """Step the capacity signal with every controlled upstream's last tick and export its figures."""
+        if self.signal is None:
+            return []
+        readings: list[Reading] = []
+        members: dict[str, list[str]] = {}
+        for name, control in self.controls.items():
+            upstream = self.gateway.pool.by_name[name]
+            stats = control.last_stats
+            model = serving_model(upstream)
+            members.setdefault(model, []).append(name)
+            readings.append(
+                Reading(
+                    upstream=name,
+                    model=model,
+                    saturated=self._saturated.get(name, False),
+                    goodput_requests_per_s=0.0 if stats is None else stats.ok / stats.span_s,
+                    output_tokens_per_s=0.0 if stats is None else stats.output_tokens_per_s,
+                    finished=tuple(sample.finished for sample in upstream.window.samples(now)),
+                    backlog=upstream.limiter.inflight,
+                    window_s=upstream.window.horizon_s,
+                )
+            )
+        queued = {model: self.gateway.queue.depth_among(names) for model, names in members.items()}
+        signals = self.signal.step(now, readings, queued)
+        self._export(signals)
+        return signals
+
+    def _export(self, signals: list[ModelSignal]) -> None:
+        """Set each known figure; remove the series of what is not known (or no longer exists)."""
+        metrics = self.gateway.metrics
+        values: dict[str, dict[tuple[str, ...], float]] = {}
+
+        def put(gauge: str, labels: tuple[str, ...], value: float | None) -> None:
+            if value is not None:
+                values.setdefault(gauge, {})[labels] = value
+
+        for signal in signals:
+            model = (signal.model,)
+            for upstream, capacity in signal.capacities.items():
+                put("upstream_capacity_requests", (upstream, signal.model), capacity.requests_per_s)
+                put("upstream_capacity_tokens", (upstream, signal.model), capacity.tokens_per_s)
+            put("pool_capacity_requests", model, signal.pool_requests_per_s)
+            put("pool_capacity_tokens", model, signal.pool_tokens_per_s)
+            put("demand_requests", model, signal.demand_requests_per_s)
+            put("upstreams_desired", model, signal.desired)
+            put("upstreams_serving", model, signal.upstreams)
+        for gauge_name in CAPACITY_GAUGES:
+            gauge: Gauge = getattr(metrics, gauge_name)
+            now_set = values.get(gauge_name, {})
+            for labels in self._exported.get(gauge_name, set()) - set(now_set):
+                gauge.remove(*labels)
+            for labels, value in now_set.items():
+                gauge.labels(*labels).set(value)
+            self._exported[gauge_name] = set(now_set)
 
     async def share(self) -> dict[str, Peers | None]:
         """Every upstream's exchange with the shared state at once (a slow Redis costs one timeout, not one per
@@ -267,6 +333,8 @@ class ControlLoop:
         )
         cap = hard_cap(snapshot, upstream, gateway.settings.kv_capacity_tokens, gateway.settings.backend_max_seqs, now)
         decision = control.tick(now, upstream.window, state, self.headroom(snapshot), hard_cap=cap, peers=peers)
+        # The capacity signal's "at its limit": the limit bound over the tick (reached, or requests waited for it).
+        self._saturated[upstream.name] = state.queue_depth > 0 or state.peak_inflight >= max(state.limit, 1)
         limit = self.bounded(decision.limit)
         if limit != limiter.limit:
             limiter.set_limit(limit)
@@ -326,6 +394,27 @@ def hard_cap(
         block = snapshot.kv_block_size if snapshot.kv_capacity_tokens else None
         caps.append(kv_cap(capacity, block, footprint))
     return min(caps) if caps else None
+
+
+#: The capacity signal's gauges (attributes of GatewayMetrics), whose series _export keeps in step.
+CAPACITY_GAUGES = (
+    "upstream_capacity_requests",
+    "upstream_capacity_tokens",
+    "pool_capacity_requests",
+    "pool_capacity_tokens",
+    "demand_requests",
+    "upstreams_desired",
+    "upstreams_serving",
+)
+
+
+def serving_model(upstream: Upstream) -> str:
+    """The model an upstream counts under in the capacity signal: the first id it lists (vLLM lists its served
+    model first, LoRA adapters after it, all on the same capacity), else ``other`` while its list is unknown."""
+    for entry in upstream.models or ():
+        if isinstance(entry.get("id"), str):
+            return str(entry["id"])
+    return OTHER_MODELS
 
 
 def _set_or_absent(gauge: Gauge, label: str, value: float | None) -> None:
