@@ -60,6 +60,7 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, gpu_source
         try:
             yield
         finally:
+            tasks += [u.models_refresh for u in gateway.pool if u.models_refresh is not None]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -144,6 +144,7 @@ class FakeUpstream:
         self.default: Behaviour = whole(chat_answer())
         self.close_kept = False
         self.received: list[Seen] = []
+        self.polled: Counter[str] = Counter()  # the gateway's GETs of POLLED paths, by path
         self.unread = 0
         self.url = ""
         self.stopping = asyncio.Event()
@@ -226,6 +227,8 @@ class FakeUpstream:
         return response
 
     def _poll(self, path: str) -> web.Response:
+        self.polled[path] += 1
+        self.notify()
         if path == "/health":
             return web.json_response({"status": "ok" if self.health == 200 else "down"}, status=self.health)
         if path == "/v1/models":

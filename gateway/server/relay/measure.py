@@ -78,9 +78,10 @@ class RequestTracker:
         if isinstance(output, int):
             self.output_tokens = output
 
-    def failed_attempt(self, metrics: GatewayMetrics) -> RequestSample:
+    def failed_attempt(self, metrics: GatewayMetrics, outcome: Outcome = Outcome.UPSTREAM_ERROR) -> RequestSample:
         """The current upstream failed before answering and the request moves on to another one:
-        its window still learns of the error, the request itself is not finished. Returns that sample."""
+        its window still learns of the error (``outcome``: a 404 for a model it does not serve is the client's
+        kind, no failure of the upstream), the request itself is not finished. Returns that sample."""
         assert self.upstream is not None and self.admitted is not None
         now = self.clock()
         sample = RequestSample(
@@ -90,11 +91,11 @@ class RequestTracker:
             first_token=None,
             prompt_tokens=0,
             output_tokens=0,
-            outcome=Outcome.UPSTREAM_ERROR,
+            outcome=outcome,
             streamed=self.streamed,
         )
         self.upstream.window.add(sample)
-        metrics.child(metrics.upstream_requests, self.upstream.name, Outcome.UPSTREAM_ERROR.value, self.model).inc()
+        metrics.child(metrics.upstream_requests, self.upstream.name, outcome.value, self.model).inc()
         return sample
 
     def finish(self, outcome: Outcome, metrics: GatewayMetrics) -> RequestSample | None:

@@ -45,6 +45,7 @@ from gateway.server.routes.validation import (
     with_model,
     with_usage_requested,
 )
+from gateway.server.upstream.health import refresh_models
 from gateway.server.upstream.pool import Upstream
 from gateway.server.upstream.upstream_client import (
     UpstreamFailed,
@@ -356,17 +357,21 @@ class Forward:
             except UpstreamFailed as exc:
                 if exc.connect_failed:
                     upstream.mark_down(str(exc))  # the health poll brings it back
+                if exc.model_missing:
+                    refresh_models(gateway, upstream)  # its list is stale: the next request goes where it is listed
                 alternative = None
                 if exc.not_processed and not failed_over:
                     others = [name for name in eligible if name != upstream.name]
                     alternative = gateway.queue.try_acquire(others, permit.tenant, permit.slots) if others else None
                 if alternative is not None:
                     gateway.metrics.upstream_retries.labels(upstream.name, "failover").inc()
-                    gateway.queue.release(permit, self.tracker.failed_attempt(gateway.metrics))
+                    attempt = Outcome.CLIENT_ERROR if exc.model_missing else Outcome.UPSTREAM_ERROR
+                    gateway.queue.release(permit, self.tracker.failed_attempt(gateway.metrics, attempt))
                     permit = self.permit = alternative
                     failed_over = True
                     continue
-                return self._finish(permit, Outcome.UPSTREAM_ERROR, self._upstream_failure(exc))
+                outcome = Outcome.CLIENT_ERROR if exc.model_missing else Outcome.UPSTREAM_ERROR
+                return self._finish(permit, outcome, self._upstream_failure(exc))
             except UpstreamTimeout as exc:
                 log.warning("request %s: %s (%s)", self.request_id, exc, upstream.url)
                 return self._finish(permit, Outcome.TIMED_OUT, self._timeout_response(upstream))
@@ -383,6 +388,8 @@ class Forward:
         """The upstream failed before answering. An OpenAI-shaped error body of its own (llama-server's
         "Loading model", a 429) is passed on with its status; anything else becomes the gateway's 502/503.
         A 503 or 429 always carries Retry-After (the upstream's, else one the SDK waits out)."""
+        if exc.model_missing and exc.body:  # the engine's own 404, as a client sending to it directly gets it
+            return Response(exc.body, status_code=404, media_type="application/json")
         response: Response | None = None
         if exc.status is not None and exc.body:
             try:
@@ -444,7 +451,7 @@ class Forward:
     async def _buffered(self, permit: Permit[Upstream], reply: UpstreamReply, watch: RequestWatch) -> Response:
         limit = self.gateway.settings.max_response_bytes
         try:
-            payload = await watch.guard(read_capped(reply.response, limit))
+            payload = reply.body if reply.body is not None else await watch.guard(read_capped(reply.response, limit))
         except ClientGone:
             reply.close()
             self._release(permit, Outcome.CLIENT_CANCELLED)

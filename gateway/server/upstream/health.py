@@ -11,6 +11,12 @@ request meanwhile.
 What went wrong is kept twice: ``health_error`` in words that name no host (``/health failed:
 ClientConnectorError``), which ``/readyz`` shows to anyone who can reach it, and ``health_detail``, the
 exception's own words (they name the host and port), for ``/state`` and the log.
+
+Models come and go (vLLM loads and unloads LoRA adapters at run time): each poll replaces an upstream's model
+list with the one it read, so a model loaded is routable, and one unloaded no longer routed, within a poll
+interval. A request that an upstream answers 404 "the model does not exist" reads that upstream's list at once
+(:func:`refresh_models`), at most one read in flight and one begun per :data:`REFRESH_MIN_INTERVAL_S` per
+upstream, so a stream of such requests costs the upstream one ``GET /v1/models`` a second at most.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from gateway.server.upstream.upstream_headers import poll_headers
 log = logging.getLogger("sweetspot.upstreams")
 
 SILENT_PROBES_TO_DOWN = 2
+#: The least time between two model-list reads of one upstream asked for by requests (404 "model not found").
+REFRESH_MIN_INTERVAL_S = 1.0
 
 
 def health_tick(gateway: Gateway) -> Callable[[], Awaitable[None]]:
@@ -93,6 +101,34 @@ async def check_health(
             "healthy" if healthy else "unhealthy",
             f" ({error}{f': {detail}' if detail else ''})" if error and not healthy else "",
         )
+
+
+def refresh_models(gateway: Gateway, upstream: Upstream) -> bool:
+    """Read ``upstream``'s model list now, off the request path (the request that asked does not wait): an
+    upstream answered 404 for a model its list named. Nothing is started while a read is in flight or within
+    :data:`REFRESH_MIN_INTERVAL_S` of the last one begun here; returns whether one was. A list that cannot be read
+    leaves the one known (the health poll decides about the upstream itself)."""
+    now = gateway.clock()
+    if upstream.models_refresh is not None or now - upstream.models_refreshed_at < REFRESH_MIN_INTERVAL_S:
+        return False
+    upstream.models_refreshed_at = now
+    upstream.models_refresh = asyncio.get_running_loop().create_task(_refresh(gateway, upstream))
+    return True
+
+
+async def _refresh(gateway: Gateway, upstream: Upstream) -> None:
+    timeout = aiohttp.ClientTimeout(total=max(min(gateway.settings.health_interval_s, 5.0), 1.0))
+    headers = poll_headers(gateway.settings.upstream_api_key)
+    try:
+        models, error, detail = await _list_models(gateway.client.poll_session, upstream.url, headers, timeout)
+    except Exception:  # noqa: BLE001 (a session closed under it at shutdown): the next poll reads it
+        models, error, detail = None, "model list refresh failed", None
+    finally:
+        upstream.models_refresh = None
+    if models is None:
+        log.info("upstream %s: model list not refreshed (%s%s)", upstream.url, error, f": {detail}" if detail else "")
+        return
+    upstream.models = models  # a new list, never the old one changed: Upstream.lists sees the change
 
 
 async def _get_health(

@@ -13,6 +13,7 @@ on an upstream that answers any name (llama-server serving one model, as the bac
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -47,6 +48,10 @@ class Upstream:
     streams_keep_alive: bool = False
     # Set by the backend scrape when the backend is llama-server, which answers whatever model a request names.
     any_name: bool = False
+    # A read of the model list asked for by a request's 404 "model not found" (health.refresh_models): the one in
+    # flight, and when (gateway clock) the last one began.
+    models_refresh: asyncio.Task[None] | None = None
+    models_refreshed_at: float = float("-inf")
     _footprint: Footprint | None = None
     # The ids of ``models``, as a set, and the list they were read from: every request asks whether an upstream
     # lists its model, and the list is replaced (never changed in place) when the health poll reads it again.

@@ -2,8 +2,9 @@
 deciding what a failure means for the request: sent again on the same upstream (a kept connection found
 closed at the write, which the server never read: :mod:`gateway.common.resend`), failed over to another
 upstream (the first provably did not process it: its first attempt was refused or could not connect, or
-the engine itself answered 503 or 429 with its own JSON error body), or answered with an error (anything
-else: the upstream may have run it, and a duplicated generation is worse than an error). A resend that
+the engine itself answered 503 or 429 with its own JSON error body, or 404 saying it has no such model: a LoRA
+adapter unloaded since its model list was read), or answered with an error (anything else: the upstream may have
+run it, and a duplicated generation is worse than an error). A resend that
 cannot connect proves nothing about the attempt before it, so it is never taken for "not processed"; nor is
 a 503 page from a proxy in front of the engine, which may have passed the request on.
 
@@ -26,11 +27,14 @@ from gateway.telemetry.metrics import GatewayMetrics
 STALE_RETRIES = 2  # resends of a request whose kept connection was found closed (see gateway.common.resend)
 #: Answers that say the upstream refused the request without running it: another upstream may take it.
 REFUSAL_STATUSES = frozenset({429, 503})
+#: The largest 404 body read to tell whether it says the model does not exist (an engine's is a few hundred bytes).
+MODEL_MISSING_MAX_BYTES = 16 * 1024
 
 
 class UpstreamFailed(Exception):
     """The upstream failed before its answer began. ``not_processed``: it provably did not run the request
-    (another upstream may); ``connect_failed``: nothing listens there (its health is down)."""
+    (another upstream may); ``connect_failed``: nothing listens there (its health is down); ``model_missing``: it
+    answered 404, the model does not exist there (its model list is stale)."""
 
     def __init__(
         self,
@@ -41,10 +45,12 @@ class UpstreamFailed(Exception):
         status: int | None = None,
         body: bytes | None = None,
         retry_after: str | None = None,
+        model_missing: bool = False,
     ) -> None:
         super().__init__(message)
         self.not_processed = not_processed
         self.connect_failed = connect_failed
+        self.model_missing = model_missing
         self.status = status  # the upstream's own error status, when it answered one
         self.body = body
         self.retry_after = retry_after  # the upstream's own Retry-After, if it sent one
@@ -60,6 +66,7 @@ class UpstreamReply:
 
     response: aiohttp.ClientResponse
     idle_timeout_s: float | None = None  # a stream's bound on silence, armed by :meth:`bound_silence`
+    body: bytes | None = None  # the whole body, when it was read already (a 404's, to see what it says)
 
     @property
     def status(self) -> int:
@@ -152,8 +159,9 @@ class UpstreamClient:
         until the caller arms it (:meth:`UpstreamReply.bound_silence`, at the first token), unless its status
         is not 200 (an error's body: armed at once).
 
-        Raises :class:`UpstreamFailed` when the answer never began or was a 5xx/429 (its ``not_processed``
-        says whether another upstream may be tried), :class:`UpstreamTimeout` when it did not begin in time.
+        Raises :class:`UpstreamFailed` when the answer never began, was a 5xx/429 (its ``not_processed`` says
+        whether another upstream may be tried) or a 404 saying the model does not exist (``model_missing``: not
+        run, so another upstream may take it), :class:`UpstreamTimeout` when it did not begin in time.
         A kept connection found closed is sent again, up to :data:`STALE_RETRIES` times."""
         url = base_url + path
         timeout = self._streamed if stream else self._buffered
@@ -200,6 +208,11 @@ class UpstreamClient:
                 body=payload,
                 retry_after=response.headers.get("Retry-After"),
             )
+        if response.status == 404 and _small_json(response):
+            reply.body = await _read_quietly(response)
+            if model_missing(reply.body):
+                message = f"{name} does not serve the model"
+                raise UpstreamFailed(message, not_processed=True, status=404, body=reply.body, model_missing=True)
         return reply
 
     async def forward(
@@ -237,6 +250,37 @@ def _engine_error(response: aiohttp.ClientResponse, payload: bytes) -> bool:
     except ValueError:
         return False
     return isinstance(body, dict) and (isinstance(body.get("error"), dict) or body.get("object") == "error")
+
+
+def _small_json(response: aiohttp.ClientResponse) -> bool:
+    """A JSON body of a declared length small enough to read whole before deciding what it means."""
+    length = response.content_length
+    return response.content_type == "application/json" and length is not None and length <= MODEL_MISSING_MAX_BYTES
+
+
+def model_missing(payload: bytes) -> bool:
+    """Whether a 404's body says the model does not exist: vLLM's ``{"error": {"message": "The model `x` does not
+    exist.", "type": "NotFoundError", "code": 404}}`` (before 0.10, the same fields at the top with ``"object":
+    "error"``), or a ``model_not_found`` code (OpenAI's, the gateway's own, llama-server's router). A 404 for
+    anything else (a stored response, a route the server lacks) is not one."""
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return False
+    if not isinstance(body, dict):
+        return False
+    error = body.get("error")
+    if not isinstance(error, dict):
+        if body.get("object") != "error":
+            return False
+        error = body
+    if error.get("code") == "model_not_found":
+        return True
+    message = error.get("message")
+    if not isinstance(message, str):
+        return False
+    message = message.lower()
+    return "model" in message and ("does not exist" in message or "not found" in message)
 
 
 async def _read_quietly(response: aiohttp.ClientResponse) -> bytes:
