@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
 from gateway.server.admission.admission_queue import Limiter
 from gateway.server.feedback.control_loop import hard_cap
-from gateway.server.process.logs import configure_logging, log_access
+from gateway.server.process.logs import JsonLines, configure_logging, log_access
 from gateway.server.upstream.pool import Upstream
 from gateway.telemetry.backends import BackendSnapshot
 from gateway.telemetry.loop_lag import LoopLagProbe
@@ -201,6 +201,35 @@ def test_a_log_line_holds_any_value(root_logging: None, capsys: pytest.CaptureFi
     assert record["message"] == "odd\nvalues: é" and record["level"] == "WARNING"
     assert record["path"] == "/x" and record["ratio"] is None and record["nested"] == {"a": [1, None]}
     assert record["timestamp"].endswith("+00:00")
+
+
+def test_the_access_line_is_the_records_line_and_other_handlers_still_get_records(
+    root_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The access log writes its line itself (no LogRecord) under the gateway's own JSON logging: the same
+    fields as the formatter's line of the record would have. A handler added by anyone else gets records."""
+    configure_logging("info", "json")
+    fields = {"event": "access", "request_id": "r1", "status": 200, "model": "m", "e2e_s": 0.25}
+    log_access(fields)
+    direct = json.loads(capsys.readouterr().err)
+    record = logging.getLogger("sweetspot.access").makeRecord(
+        "sweetspot.access", logging.INFO, "", 0, "access", (), None, extra=fields
+    )
+    formatted = json.loads(JsonLines().format(record))
+    assert direct.keys() == formatted.keys() and list(direct) == list(formatted)
+    assert {k: v for k, v in direct.items() if k != "timestamp"} == {
+        k: v for k, v in formatted.items() if k != "timestamp"
+    }
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    logging.getLogger().addHandler(Keep())
+    log_access(fields)
+    assert len(seen) == 1 and seen[0].request_id == "r1"  # type: ignore[attr-defined]
+    assert json.loads(capsys.readouterr().err)["request_id"] == "r1"  # and the JSON line as before
 
 
 def test_uvicorn_lines_are_json_without_terminal_colours(

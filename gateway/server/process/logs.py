@@ -25,11 +25,17 @@ access = logging.getLogger("sweetspot.access")
 LogFormat = Literal["json", "text"]
 
 
+#: The handler :func:`configure_logging` installed for JSON lines: the access log writes to its stream itself.
+_json_handler: logging.StreamHandler[Any] | None = None
+
+
 def configure_logging(level: str, fmt: LogFormat = "json", *, access_log: bool = True) -> None:
     """Send every record at ``level`` or above to stderr, one line each, replacing earlier handlers;
     ``access_log=False`` silences the access log alone."""
+    global _json_handler
     access.setLevel(logging.NOTSET if access_log else logging.WARNING)
     handler = logging.StreamHandler(sys.stderr)
+    _json_handler = handler if fmt == "json" else None
     if fmt == "json":
         handler.setFormatter(JsonLines())
     else:
@@ -78,8 +84,31 @@ def _without_terminal_colours(record: logging.LogRecord) -> bool:
 
 
 def log_access(fields: dict[str, Any]) -> None:
-    """One access-log line. Callers build ``fields`` only when :func:`access_enabled` says it is wanted."""
-    access.info("access", extra=fields)
+    """One access-log line. Callers build ``fields`` only when :func:`access_enabled` says it is wanted.
+
+    With the gateway's own JSON logging in place (the root's one handler, none on the access logger), the line
+    is encoded and written to that handler's stream here, under its lock: the same line :class:`JsonLines`
+    makes of a record, without the record. A line per request is the hot path's, and a ``LogRecord`` with the
+    fields as its attributes, checked one by one, cost more than the line itself (docs/performance.md).
+    Any other logging configuration gets the record, through ``logging``."""
+    if not access.isEnabledFor(logging.INFO):  # (cached by logging: a dict lookup)
+        return
+    handler = _json_handler
+    root_handlers = logging.root.handlers
+    if handler is None or access.handlers or len(root_handlers) != 1 or root_handlers[0] is not handler:
+        access.info("access", extra=fields)
+        return
+    line = {"timestamp": datetime.now(UTC).isoformat(), "level": "INFO", "logger": access.name, "message": "access"}
+    line.update(fields)
+    text = JsonLines._encoder.encode(line).decode() + handler.terminator
+    handler.acquire()
+    try:
+        handler.stream.write(text)
+        handler.flush()
+    except (OSError, ValueError):  # a closed or broken stream: as logging reports it, not raised here
+        handler.handleError(logging.makeLogRecord({"msg": "access", "name": access.name}))
+    finally:
+        handler.release()
 
 
 def access_enabled() -> bool:
