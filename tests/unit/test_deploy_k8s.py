@@ -7,10 +7,16 @@ Operator's ServiceMonitor is a custom resource kubernetes-validate has no schema
 against ``SERVICE_MONITOR_SCHEMA`` below: a minimal JSON schema written from the operator's API
 reference (monitoring.coreos.com/v1 ServiceMonitor), covering the fields these manifests use and
 rejecting any other (a typo there would be silently pruned by the API server).
+
+The vLLM side's autoscalers (``deploy/k8s/vllm-autoscaling/``, applied one at a time, outside the
+kustomization): the HPA is validated like the built-in kinds; the KEDA ScaledObject against KEDA's own CRD
+schema, vendored verbatim in ``tests/fixtures/keda.sh_scaledobjects.yaml`` (where from: its ``.md`` note), with
+unknown fields rejected.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -578,3 +584,198 @@ def test_the_autoscaler_scales_the_gateways_on_their_queue_wait() -> None:
     assert f'as: "{name}"' in rule and f"{histogram}_sum" in rule and f"{histogram}_count" in rule
     # the pods scaled down drain first: the scale-down window outlasts the drain
     assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300
+
+
+# ---- the vLLM side: KEDA or an HPA on the capacity signal ----------------------------------------
+
+VLLM_AUTOSCALING = K8S / "vllm-autoscaling"
+KEDA_CRD = ROOT / "tests" / "fixtures" / "keda.sh_scaledobjects.yaml"
+KEDA_CRD_SHA256 = "af35555862a83933b074af14ad439c4b4ceabaf4daa3e9338e9b23e36d308d80"
+HPA_TOLERANCE = 0.1  # the HPA controller's default --horizontal-pod-autoscaler-tolerance
+SIGNAL = "sweetspot_upstreams_desired"
+
+
+def vllm_autoscaler(name: str) -> dict[str, Any]:
+    (doc,) = [d for d in yaml.safe_load_all((VLLM_AUTOSCALING / name).read_text()) if d]
+    return doc
+
+
+def strict(schema: Any) -> Any:
+    """The CRD's schema with unknown fields rejected: the API server would prune them silently."""
+    if isinstance(schema, dict):
+        out = {key: strict(value) for key, value in schema.items()}
+        closed = "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields")
+        if closed and "additionalProperties" not in schema:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    return schema
+
+
+def keda_scaled_object_validator() -> jsonschema.protocols.Validator:
+    import hashlib
+
+    raw = KEDA_CRD.read_bytes()
+    assert hashlib.sha256(raw).hexdigest() == KEDA_CRD_SHA256, "the vendored KEDA CRD changed: see its .md note"
+    crd = yaml.safe_load(raw)
+    assert crd["spec"]["names"]["kind"] == "ScaledObject"
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    schema = strict(version["schema"]["openAPIV3Schema"])
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def keda_errors(doc: dict[str, Any]) -> list[str]:
+    errors = [f"{list(e.path)}: {e.message}" for e in keda_scaled_object_validator().iter_errors(doc)]
+    assert (doc["apiVersion"], doc["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
+    spec = doc["spec"]  # the CRD's one CEL rule (x-kubernetes-validations), which JSON schema cannot say
+    low, high = spec.get("minReplicaCount", 0), spec.get("maxReplicaCount", 100)
+    if isinstance(low, int) and isinstance(high, int) and low > high:
+        errors.append("minReplicaCount must be less than or equal to maxReplicaCount")
+    return errors
+
+
+def test_the_scaled_object_matches_the_vendored_keda_crd() -> None:
+    scaled = vllm_autoscaler("keda.yaml")
+    assert not keda_errors(scaled), keda_errors(scaled)
+
+
+def test_the_keda_schema_rejects_a_typo_a_wrong_type_and_min_over_max() -> None:
+    scaled = vllm_autoscaler("keda.yaml")
+    for path, value in (
+        (("spec", "fallback", "failureTreshold"), 3),  # misspelt: the API server would drop it
+        (("spec", "minReplicaCount"), "1"),
+        (("spec", "fallback", "behavior"), "holdCurrent"),
+        (("spec", "minReplicaCount"), 9),
+    ):
+        broken = yaml.safe_load(yaml.safe_dump(scaled))
+        node = broken
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        assert keda_errors(broken), f"{'.'.join(path)} = {value!r} passed"
+    # The CRD alone lets the typo through (the API server would prune it): rejecting it is the test's strictness.
+    crd = yaml.safe_load(KEDA_CRD.read_text())
+    loose = jsonschema.Draft7Validator(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    broken = yaml.safe_load(yaml.safe_dump(scaled))
+    broken["spec"]["fallback"]["failureTreshold"] = 3
+    assert not list(loose.iter_errors(broken))
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_the_vllm_hpa_validates_against_the_kubernetes_openapi_schemas(version: str) -> None:
+    try:
+        kubernetes_validate.validate(vllm_autoscaler("hpa.yaml"), version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"vllm-autoscaling/hpa.yaml is invalid for Kubernetes {version}: {exc.message} at {list(exc.path)}")
+
+
+def served_model() -> str:
+    args = one("StatefulSet", "vllm")["spec"]["template"]["spec"]["containers"][0]["args"]
+    return vllm_args().get("--served-model-name", args[0]).split()[0]
+
+
+def adapter_rule() -> dict[str, Any]:
+    """The Prometheus Adapter rule written as a comment in hpa.yaml, parsed as the adapter would read it."""
+    lines = (VLLM_AUTOSCALING / "hpa.yaml").read_text().splitlines()
+    start = lines.index("#   externalRules:")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("#   "):
+            break
+        block.append(line.removeprefix("#   "))
+    (rule,) = yaml.safe_load("\n".join(block))["externalRules"]
+    return rule
+
+
+def test_both_scale_the_vllm_statefulset_on_the_gateways_figure() -> None:
+    """Each targets the StatefulSet the gateways send to, in its namespace, asks for the model vLLM serves and
+    takes the max over gateway replicas (each exports the same pool-wide figure), on a metric the gateway
+    exports and the job its ServiceMonitor scrapes it as."""
+    from gateway.telemetry.metrics import GatewayMetrics
+
+    assert SIGNAL in {family.name for family in GatewayMetrics().registry.collect()}
+    vllm = one("StatefulSet", "vllm")
+    keda, hpa = vllm_autoscaler("keda.yaml"), vllm_autoscaler("hpa.yaml")
+    for doc in (keda, hpa):
+        target = doc["spec"]["scaleTargetRef"]
+        assert (target["apiVersion"], target["kind"], target["name"]) == ("apps/v1", "StatefulSet", "vllm")
+        assert doc["metadata"]["namespace"] == vllm["metadata"]["namespace"]
+    gateway_job = one("Service", "sweetspot")["metadata"]["labels"][
+        one("ServiceMonitor", "sweetspot")["spec"]["jobLabel"]
+    ]
+    model = served_model()
+    (trigger,) = keda["spec"]["triggers"]
+    query = trigger["metadata"]["query"]
+    rule = adapter_rule()
+    for promql in (query, rule["metricsQuery"]):
+        assert promql.startswith(f"max({SIGNAL}{{") and promql.endswith("})"), promql
+        assert f'model="{model}"' in promql and f'job="{gateway_job}"' in promql
+        assert "sum" not in promql, "a sum over gateway replicas asks for one pool per replica"
+    assert f'namespace="{vllm["metadata"]["namespace"]}"' in query
+    # The adapter serves the rule's series under the name the HPA asks for, per namespace.
+    assert re.fullmatch(rule["name"]["matches"], SIGNAL)
+    assert rule["seriesQuery"].startswith(f"{SIGNAL}{{")
+    assert "<<.LabelMatchers>>" in rule["metricsQuery"]
+    assert rule["resources"]["overrides"]["namespace"] == {"resource": "namespace"}
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "External" and metric["external"]["metric"]["name"] == rule["name"]["as"]
+    assert "selector" not in metric["external"]["metric"], "the model is in the rule's query"
+
+
+def test_replicas_follow_the_figure_one_server_for_each() -> None:
+    """An External metric with an AverageValue target of 1 makes the HPA's desired replicas the figure itself
+    (ceil(figure / 1)); a Value target would multiply it by the replicas running. KEDA hands its trigger to
+    the HPA it makes the same way. Within [min, max] the HPA's tolerance must never hold a one-server step."""
+    keda, hpa = vllm_autoscaler("keda.yaml"), vllm_autoscaler("hpa.yaml")
+    (trigger,) = keda["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert trigger.get("metricType", "AverageValue") == "AverageValue"
+    assert float(trigger["metadata"]["threshold"]) == 1
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+    bounds = (keda["spec"]["minReplicaCount"], keda["spec"]["maxReplicaCount"])
+    assert bounds == (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"])
+    low, high = bounds
+    assert low >= 1, "the figure is never below 1: scaling to zero is not what it measures"
+    for current in range(low, high + 1):
+        for figure in range(low, high + 1):
+            ratio = figure / (current * 1)  # the HPA's usage ratio for an AverageValue external metric
+            if abs(1 - ratio) <= HPA_TOLERANCE:
+                assert figure == current, f"{current} -> {figure} servers is within the tolerance: never taken"
+            else:
+                assert min(max(math.ceil(figure / 1), low), high) == figure
+
+
+def test_an_absent_figure_never_shrinks_the_pool() -> None:
+    """The figure is absent until a backend is measured at its limit. KEDA would read an empty answer as 0
+    (down to minReplicaCount): it must be an error, and the fallback must keep at least the replicas running."""
+    keda = vllm_autoscaler("keda.yaml")
+    (trigger,) = keda["spec"]["triggers"]
+    assert trigger["metadata"]["ignoreNullValues"] == "false"
+    fallback = keda["spec"]["fallback"]
+    assert fallback["behavior"] in ("currentReplicas", "currentReplicasIfHigher")
+    assert fallback["failureThreshold"] >= 1
+    assert keda["spec"]["minReplicaCount"] <= fallback["replicas"] <= keda["spec"]["maxReplicaCount"]
+    # A scaled-down server finishes its generations first: scale down one at a time, slower than up.
+    for behavior in (
+        keda["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"],
+        vllm_autoscaler("hpa.yaml")["spec"]["behavior"],
+    ):
+        (down,) = behavior["scaleDown"]["policies"]
+        assert (down["type"], down["value"]) == ("Pods", 1)
+        assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 0
+
+
+def test_the_vllm_autoscalers_are_applied_one_at_a_time() -> None:
+    """Two autoscalers on one StatefulSet fight: neither is in the kustomization, each is applied alone, and
+    the gateway's own HPA scales the gateway Deployment only."""
+    (kustomization,) = by_kind("Kustomization")
+    assert not [r for r in kustomization["resources"] if r.startswith(VLLM_AUTOSCALING.name)]
+    assert sorted(p.name for p in VLLM_AUTOSCALING.glob("*.yaml")) == ["hpa.yaml", "keda.yaml"]
+    for hpa in by_kind("HorizontalPodAutoscaler"):
+        assert hpa["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    for name in ("keda.yaml", "hpa.yaml"):
+        assert f"kubectl apply -f deploy/k8s/vllm-autoscaling/{name}" in docs
