@@ -164,6 +164,15 @@ class UpstreamKnobs(BaseModel):
     upstream_api_key: str | None = Field(
         None, description="Bearer token the gateway sends upstream instead of the client's."
     )
+    upstreams_file: Path | None = Field(
+        None,
+        description="A file of upstream base URLs, one a line (`#` starts a comment), re-read when it changes "
+        "(every discovery_interval_s) and on SIGHUP; united with `upstreams`. Upstreams added there join "
+        "without a restart, those removed finish what runs and leave (docs/deploy.md).",
+    )
+    discovery_interval_s: float = Field(
+        5.0, gt=0, description="How often upstreams_file is checked for changes (its mtime and content)."
+    )
     health_interval_s: float = Field(2.0, gt=0, description="How often each upstream's health is polled.")
     upstream_timeouts_to_down: int = Field(
         3,

@@ -13,6 +13,7 @@ from gateway.server.admission.keys import KeyRing
 from gateway.server.admission.routing import MetricsObserver, PrefixMap, PrefixRouter, RandomRouter
 from gateway.server.admission.tenants import TenantDirectory
 from gateway.server.process.drain import DrainState
+from gateway.server.upstream.discovery import UpstreamsFile, united
 from gateway.server.upstream.pool import Upstream, UpstreamPool
 from gateway.server.upstream.response_affinity import ResponseAffinity
 from gateway.server.upstream.upstream_client import UpstreamClient
@@ -33,6 +34,7 @@ class Gateway:
     responses: ResponseAffinity = field(init=False)  # which upstream created each stored response
     router: PrefixRouter | None = None  # None: least-loaded routing (the setting, or a single upstream)
     admin_keys: KeyRing[bool] = field(init=False)  # the operator's key, for /metrics and /state
+    upstreams_file: UpstreamsFile | None = None  # the upstreams_file setting, as last read
 
     def __post_init__(self) -> None:
         settings = self.settings
@@ -46,8 +48,12 @@ class Gateway:
 
     @classmethod
     def build(cls, settings: Settings, *, clock: Callable[[], float] = time.monotonic) -> Gateway:
-        if not settings.upstreams:
-            raise ValueError("no upstream configured: pass --upstream URL or set SWEETSPOT_UPSTREAMS")
+        listing = UpstreamsFile(settings.upstreams_file) if settings.upstreams_file is not None else None
+        urls = united(settings.upstreams, listing.load() if listing is not None else [])
+        if not urls:
+            raise ValueError(
+                "no upstream configured: pass --upstream URL, set SWEETSPOT_UPSTREAMS or list them in upstreams_file"
+            )
         metrics = GatewayMetrics()
         upstreams = [
             Upstream(
@@ -56,7 +62,7 @@ class Gateway:
                 SlidingWindow(settings.window_s),
                 public_name=f"upstream-{index}",
             )
-            for index, url in enumerate(settings.upstreams, start=1)
+            for index, url in enumerate(urls, start=1)
         ]
         router: PrefixRouter | None = None
         if settings.routing != "least_loaded" and len(upstreams) > 1:
@@ -97,6 +103,7 @@ class Gateway:
             tenants,
             clock,
             router=router,
+            upstreams_file=listing,
         )
         _bind_metrics(gateway)
         return gateway
@@ -113,7 +120,7 @@ def _bind_metrics(gateway: Gateway) -> None:
         prefixes = gateway.router.prefixes
         metrics.routing_prefix_map_entries.set_function(lambda: len(prefixes))
     for upstream in gateway.pool:
-        _bind_upstream_gauges(metrics, upstream)
+        bind_upstream_gauges(metrics, upstream)
     for label in gateway.tenants.labels():
         _bind_tenant_gauges(gateway, label)
 
@@ -124,7 +131,8 @@ def _bind_tenant_gauges(gateway: Gateway, label: str) -> None:
     per_tenant.inflight.labels(label).set_function(lambda: sum(t.inflight for t in tenants if t.label == label))
 
 
-def _bind_upstream_gauges(metrics: GatewayMetrics, upstream: Upstream) -> None:
+def bind_upstream_gauges(metrics: GatewayMetrics, upstream: Upstream) -> None:
+    """An upstream's gauges read at scrape time (at start, and for one that joins later)."""
     name, limiter = upstream.name, upstream.limiter
     metrics.inflight.labels(name).set_function(lambda: limiter.inflight)
     metrics.limit.labels(name).set_function(lambda: limiter.limit)

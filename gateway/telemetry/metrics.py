@@ -25,6 +25,7 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -472,6 +473,31 @@ class GatewayMetrics:
         )
 
         self.tenants = TenantMetrics(r)
+
+    def forget_upstream(self, name: str) -> int:
+        """Remove every series labelled ``upstream=name``, of every metric that has the label (an upstream that
+        left the pool: its series would otherwise hang on at their last value). Returns how many went."""
+        removed = 0
+        for attribute in list(vars(self).values()):
+            if isinstance(attribute, MetricWrapperBase):
+                names = attribute._labelnames
+                if "upstream" not in names:
+                    continue
+                at = names.index("upstream")
+                with attribute._lock:
+                    keys = [key for key in attribute._metrics if key[at] == name]
+                for key in keys:
+                    attribute.remove(*key)
+                removed += len(keys)
+            elif isinstance(attribute, ReadAtScrape) and "upstream" in attribute.labelnames:
+                at = attribute.labelnames.index("upstream")
+                gone = [labels for labels in attribute._readers if labels[at] == name]
+                for labels in gone:
+                    del attribute._readers[labels]
+                removed += len(gone)
+        for cached in [cached for cached in self._children if name in cached[1]]:
+            del self._children[cached]
+        return removed
 
     def child(self, metric: M, *labels: str) -> M:
         """``metric.labels(*labels)``, bound once and kept. ``labels()`` takes a lock and builds its key on

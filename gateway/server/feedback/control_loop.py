@@ -31,7 +31,7 @@ from prometheus_client import Gauge
 
 from gateway.control.algorithm import Decision, LimitAlgorithm, RequestObserver
 from gateway.control.capacity_signal import CapacitySignal, ModelSignal, Reading
-from gateway.control.config import AimdConfig
+from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.controller import UpstreamControl
 from gateway.control.knee_search.capacity import kv_cap
 from gateway.control.observation import GpuHeadroom, Headroom, LimiterState
@@ -67,45 +67,67 @@ class ControlLoop:
     signal: CapacitySignal | None = None  # the capacity signal, computed on the control tick
     _saturated: dict[str, bool] = field(default_factory=dict)  # whether each upstream's limit bound last tick
     _exported: dict[str, set[tuple[str, ...]]] = field(default_factory=dict)  # capacity series set, by metric
+    _config: AimdConfig | None = None  # the controllers' configuration, for an upstream that joins later
+    _factory: Callable[[int], LimitAlgorithm] | None = None  # the `algorithm` setting's, when it names one
+    _started: bool = False  # start() ran: an upstream that joins gets its scraper at once
 
     @classmethod
     def build(cls, gateway: Gateway, gpu_source: GpuSource | None = None) -> ControlLoop:
         settings = gateway.settings
         loop = cls(gateway, gpu_source or NvmlSource(settings.gpus))
         starts = load_start_points(settings.sweep_result, [upstream.name for upstream in gateway.pool])
-        config = AimdConfig.from_settings(settings)
-        factory = load_factory(settings.algorithm) if settings.algorithm and settings.control_enabled else None
+        loop._config = AimdConfig.from_settings(settings)
+        loop._factory = load_factory(settings.algorithm) if settings.algorithm and settings.control_enabled else None
         for objective, value in (("ttft_p99", settings.ttft_p99_slo_s), ("tpot_p99", settings.tpot_p99_slo_s)):
             _set_or_absent(gateway.metrics.objective, objective, value)
         for upstream in gateway.pool:
-            start = starts.get(upstream.name)
-            # Series that exist from the start at 0 (a counter nothing has incremented yet is a real 0),
-            # so rate() over them is 0 rather than no data.
-            for reason in RETRY_REASONS:
-                gateway.metrics.upstream_retries.labels(upstream.name, reason)
-            gateway.metrics.backend_scrape_errors.labels(upstream.name)
-            gateway.metrics.controller_tick_errors.labels(upstream.name)
-            # Where the gateway holds this upstream at start: its sweep result's sweet spot, else initial_limit.
-            initial = loop.bounded(start.limit if start is not None else settings.initial_limit)
-            algorithm: LimitAlgorithm | None = factory(initial) if factory is not None else None
-            if algorithm is not None:
-                initial = loop.bounded(algorithm.limit)  # another algorithm starts where it says
-            upstream.limiter.set_limit(initial)
-            if start is not None:
-                gateway.metrics.sweet_spot.labels(upstream.name).set(start.limit)
-                if start.peak_tokens_per_s:
-                    gateway.metrics.sweep_peak_tokens_per_s.labels(upstream.name).set(start.peak_tokens_per_s)
-            if settings.control_enabled:
-                control = UpstreamControl(
-                    upstream.name, config, initial_limit=initial, start=start, algorithm=algorithm
-                )
-                loop.controls[upstream.name] = control
-                if isinstance(control.algorithm, RequestObserver):
-                    upstream.limiter.on_end = loop.request_listener(upstream, control.algorithm)
+            loop.attach(upstream, starts.get(upstream.name))
         loop.signal = CapacitySignal(settings.target_utilisation, settings.scale_down_after_s, settings.window_s)
         if settings.share_redis_url and loop.controls:
             loop.board = loop.share_board(settings.share_redis_url)
         return loop
+
+    def attach(self, upstream: Upstream, start: StartPoint | None = None, *, swept: bool = True) -> None:
+        """Give ``upstream`` its controller and its series: at start for each upstream, later for one that joins
+        (gateway.server.feedback.membership, which passes its siblings' limit as ``start`` with ``swept`` False:
+        not a sweep's sweet spot, so not exported as one)."""
+        gateway, settings = self.gateway, self.gateway.settings
+        # Series that exist from the start at 0 (a counter nothing has incremented yet is a real 0),
+        # so rate() over them is 0 rather than no data.
+        for reason in RETRY_REASONS:
+            gateway.metrics.upstream_retries.labels(upstream.name, reason)
+        gateway.metrics.backend_scrape_errors.labels(upstream.name)
+        gateway.metrics.controller_tick_errors.labels(upstream.name)
+        # Where the gateway holds this upstream at start: its sweep result's sweet spot, else initial_limit.
+        initial = self.bounded(start.limit if start is not None else settings.initial_limit)
+        algorithm: LimitAlgorithm | None = self._factory(initial) if self._factory is not None else None
+        if algorithm is not None:
+            initial = self.bounded(algorithm.limit)  # another algorithm starts where it says
+        upstream.limiter.set_limit(initial)
+        if start is not None and swept:
+            gateway.metrics.sweet_spot.labels(upstream.name).set(start.limit)
+            if start.peak_tokens_per_s:
+                gateway.metrics.sweep_peak_tokens_per_s.labels(upstream.name).set(start.peak_tokens_per_s)
+        if settings.control_enabled:
+            config = self._config or AimdConfig.from_settings(settings)
+            control = UpstreamControl(upstream.name, config, initial_limit=initial, start=start, algorithm=algorithm)
+            self.controls[upstream.name] = control
+            if isinstance(control.algorithm, RequestObserver):
+                upstream.limiter.on_end = self.request_listener(upstream, control.algorithm)
+            if self.board is not None:
+                for reason in REJECT_REASONS:
+                    gateway.metrics.share_board_rejected.labels(upstream.name, reason)
+        if self._started:
+            self._start_scraper(upstream)
+
+    def detach(self, name: str) -> None:
+        """Forget an upstream that left the pool: its controller, scraper and per-upstream state."""
+        self.controls.pop(name, None)
+        self.scrapers.pop(name, None)
+        self._failing.discard(name)
+        self._saturated.pop(name, None)
+        for exported in self._exported.values():
+            exported -= {labels for labels in exported if name in labels}
 
     def share_board(self, url: str, **kwargs: Any) -> ShareBoard:
         """The board of ``share_redis_url``: entries checked against this gateway's settings, rejections counted,
@@ -153,18 +175,22 @@ class ControlLoop:
 
     def start(self) -> None:
         """Create the scrapers; needs the running event loop (they share the upstream session)."""
-        settings = self.gateway.settings
+        self._started = True
         for upstream in self.gateway.pool:
-            self.scrapers[upstream.name] = BackendScraper(
-                upstream.url,
-                kind=settings.backend,
-                session=self.gateway.client.poll_session,
-                api_key=settings.upstream_api_key,
-                clock=self.gateway.clock,
-                timeout_s=min(settings.metrics_interval_s, 5.0),
-                read_health=False,  # the health poll (gateway.server.upstream.pool) reads /health already
-            )
-            self._bind_gauges(upstream)
+            self._start_scraper(upstream)
+
+    def _start_scraper(self, upstream: Upstream) -> None:
+        settings = self.gateway.settings
+        self.scrapers[upstream.name] = BackendScraper(
+            upstream.url,
+            kind=settings.backend,
+            session=self.gateway.client.poll_session,
+            api_key=settings.upstream_api_key,
+            clock=self.gateway.clock,
+            timeout_s=min(settings.metrics_interval_s, 5.0),
+            read_health=False,  # the health poll (gateway.server.upstream.pool) reads /health already
+        )
+        self._bind_gauges(upstream)
 
     # --- gauges read at scrape time ---------------------------------------------------------------
     def _bind_gauges(self, upstream: Upstream) -> None:
@@ -190,7 +216,9 @@ class ControlLoop:
 
         async def one(name: str, scraper: BackendScraper) -> None:
             snapshot = await scraper.scrape()
-            upstream = self.gateway.pool.by_name[name]
+            upstream = self.gateway.pool.by_name.get(name)
+            if upstream is None:
+                return  # it left the pool meanwhile
             upstream.streams_keep_alive = scraper.kind == "vllm"
             upstream.any_name = scraper.kind == "llamacpp"  # llama-server answers any model name
             if snapshot.error is not None:

@@ -21,12 +21,16 @@ def run(config: Path | None = None, **flags: Any) -> None:
     """Build the gateway from settings (flags, env, TOML) and serve it until SIGINT/SIGTERM; with
     ``workers`` > 1, in that many worker processes on one port (:mod:`gateway.server.process.workers`)."""
     settings = load_settings(config, **flags)
+
+    def reread() -> list[str]:  # SIGHUP: the configuration's upstreams, from the same flags, env and TOML file
+        return load_settings(config, **flags).upstreams
+
     if settings.algorithm is not None:
         from gateway.server.feedback.algorithm_path import load_factory
 
         load_factory(settings.algorithm)(settings.initial_limit)  # a bad path ends here, before any worker starts
     if settings.workers == 1:
-        _serve_gateway(settings)
+        _serve_gateway(settings, reread=reread)
         return
     from gateway.server.process.workers import READY, reserve_port, run_workers
 
@@ -36,10 +40,13 @@ def run(config: Path | None = None, **flags: Any) -> None:
     def worker(index: int, ready_fd: int) -> None:
         reserved.close()
         sock = listen_socket(settings.host, port, reuse_port=True)
-        _serve_gateway(settings, sock=sock, ready=lambda: os.write(ready_fd, READY), supervised=True)
+        _serve_gateway(settings, sock=sock, ready=lambda: os.write(ready_fd, READY), supervised=True, reread=reread)
 
     def announce() -> None:
-        print(f"upstreams: {', '.join(settings.upstreams)}; workers: {settings.workers}", flush=True)
+        listed = ", ".join(
+            [*settings.upstreams, *([f"those of {settings.upstreams_file}"] if settings.upstreams_file else [])]
+        )
+        print(f"upstreams: {listed}; workers: {settings.workers}", flush=True)
         print(f"sweetspot gateway listening on http://{shown_host(settings.host)}:{port}", flush=True)
 
     status = run_workers(settings.workers, worker, announce=announce)
@@ -54,6 +61,7 @@ def _serve_gateway(
     sock: socket.socket | None = None,
     ready: Callable[[], object] | None = None,
     supervised: bool = False,
+    reread: Callable[[], list[str]] | None = None,
 ) -> None:
     from gateway.server.app import create_server_app
     from gateway.server.process.drain import drain
@@ -61,7 +69,7 @@ def _serve_gateway(
     from gateway.server.process.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format, access_log=settings.access_log)
-    app = create_server_app(settings)
+    app = create_server_app(settings, reread=reread)
     rejections = app.gateway.metrics.rejections
     limits = FrontDoorLimits(
         max_connections=settings.max_connections,
@@ -75,7 +83,7 @@ def _serve_gateway(
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        banner=lambda: f"upstreams: {', '.join(settings.upstreams)}",
+        banner=lambda: f"upstreams: {', '.join(upstream.url for upstream in app.gateway.pool)}",
         http=guarded_protocol(limits),
         drain=lambda: drain(app.gateway, settings.drain_timeout_s),
         sock=sock,

@@ -10,7 +10,8 @@ and runs its own controllers: an independent replica, exactly as several pods ar
 Signals: the workers run in their own process groups, so a Ctrl-C at a terminal, or a signal to the
 parent's group, reaches the parent only. The parent turns the first SIGTERM or SIGINT into one SIGTERM per
 worker, each of which drains (see :class:`gateway.common.asgi_server.DrainingServer`), waits for them, and
-exits 0 once every worker exited 0. A second signal becomes SIGQUIT, which stops the workers at once.
+exits 0 once every worker exited 0. A second signal becomes SIGQUIT, which stops the workers at once. SIGHUP
+(re-read the upstreams) is forwarded to every worker as it is; a worker ignores it until its app is up.
 
 A worker may still get the stop twice: systemd (its default ``KillMode=control-group``) sends SIGTERM to
 every process of the unit, so a worker gets the unit's and then the parent's forward of it, and a process
@@ -57,6 +58,7 @@ def run_workers(count: int, worker: Callable[[int, int], None], *, announce: Cal
         if pid == 0:  # the worker
             os.close(read_fd)
             os.setpgid(0, 0)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the app's own handler (gateway.server.app)
             status = 0
             try:
                 worker(index, write_fd)
@@ -85,7 +87,11 @@ def _supervise(pids: dict[int, int], read_fd: int, announce: Callable[[], None])
         signals_seen += 1
         _signal_all(pids, signal.SIGTERM if signals_seen == 1 else signal.SIGQUIT)
 
+    def hangup(sig: int, frame: FrameType | None) -> None:
+        _signal_all(pids, signal.SIGHUP)
+
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hangup)
     try:
         ready = 0
         while ready < len(pids):

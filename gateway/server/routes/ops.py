@@ -85,6 +85,7 @@ async def state(request: Request) -> Response:
             "healthy": upstream.healthy,
             "health_error": upstream.health_error,
             "health_detail": upstream.health_detail,
+            "retiring": upstream.retiring,
             "models": [m.get("id") for m in upstream.models] if upstream.models is not None else None,
             "limit": limiter.limit,
             "inflight": limiter.inflight,

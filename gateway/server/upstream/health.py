@@ -48,7 +48,11 @@ def health_tick(gateway: Gateway) -> Callable[[], Awaitable[None]]:
         timeout = max(min(gateway.settings.health_interval_s, 5.0), 1.0)
         headers = poll_headers(gateway.settings.upstream_api_key)
         await asyncio.gather(
-            *(check_health(gateway.client.poll_session, upstream, headers, timeout) for upstream in gateway.pool)
+            *(
+                check_health(gateway.client.poll_session, upstream, headers, timeout)
+                for upstream in gateway.pool
+                if not upstream.retiring  # leaving: the poll must not bring it back into rotation
+            )
         )
         gateway.queue.dispatch()
 
@@ -79,6 +83,8 @@ async def check_health(
         upstream.models = models
         if healthy is None:
             healthy, error, detail = models is not None, models_error, models_detail
+    if upstream.retiring:
+        return  # removed from the configuration while this poll ran: it stays out of rotation
     was = upstream.healthy
     upstream.silent_probes = upstream.silent_probes + 1 if silent else 0
     if silent and was and upstream.silent_probes < SILENT_PROBES_TO_DOWN:

@@ -52,6 +52,9 @@ class Upstream:
     # flight, and when (gateway clock) the last one began.
     models_refresh: asyncio.Task[None] | None = None
     models_refreshed_at: float = float("-inf")
+    # Removed from the configuration (upstreams_file, SIGHUP): takes no new request, finishes what runs, then is
+    # dropped from the pool (gateway.server.feedback.membership).
+    retiring: bool = False
     _footprint: Footprint | None = None
     # The ids of ``models``, as a set, and the list they were read from: every request asks whether an upstream
     # lists its model, and the list is replaced (never changed in place) when the health poll reads it again.
@@ -86,14 +89,15 @@ class Upstream:
             self.mark_down(f"{self.timeouts_in_a_row} requests in a row timed out", until=now + hold_s)
 
     def serves(self, model: str) -> bool:
-        """Unknown model lists serve everything: never refuse on missing information."""
-        return self.models is None or self.lists(model)
+        """Unknown model lists serve everything: never refuse on missing information. A retiring upstream
+        serves nothing new."""
+        return not self.retiring and (self.models is None or self.lists(model))
 
     @property
     def takes_any_name(self) -> bool:
         """Whether it may run a request for a name no upstream lists: llama-server serving one model (a
         llama-server that lists several, in router mode, picks by name as vLLM does)."""
-        return self.any_name and (self.models is None or len(self.models) <= 1)
+        return self.any_name and not self.retiring and (self.models is None or len(self.models) <= 1)
 
     def lists(self, model: str) -> bool:
         """Whether the upstream's own model list names ``model`` (False while the list is not known)."""
@@ -155,8 +159,8 @@ class UpstreamPool:
         return Resolved(served, [u.name for u in takers], label if isinstance(label, str) else OTHER_MODELS)
 
     def listed(self, model: str) -> bool:
-        """Whether any upstream's own list names ``model``."""
-        return any(upstream.lists(model) for upstream in self.upstreams)
+        """Whether any upstream's own list names ``model`` (a retiring one's does not count)."""
+        return any(upstream.lists(model) and not upstream.retiring for upstream in self.upstreams)
 
     def unlisted_targets(self) -> list[str]:
         """A warning for each alias (and the default) whose served name no upstream lists now: requests for it
@@ -174,6 +178,19 @@ class UpstreamPool:
     def __iter__(self) -> Iterator[Upstream]:
         return iter(self.upstreams)
 
+    def add(self, upstream: Upstream) -> None:
+        """A new upstream joins (gateway.server.feedback.membership wires it to the queue and the controllers)."""
+        if upstream.name in self.by_name:
+            raise ValueError(f"upstream {upstream.name} is already in the pool")
+        self.upstreams = [*self.upstreams, upstream]  # a new list: a loop iterating the old one is not disturbed
+        self.by_name[upstream.name] = upstream
+
+    def remove(self, name: str) -> Upstream:
+        """Drop an upstream (retired, nothing running on it any more)."""
+        upstream = self.by_name.pop(name)
+        self.upstreams = [u for u in self.upstreams if u is not upstream]
+        return upstream
+
     def model_label(self, model: str) -> str:
         """The ``model`` label value for a request's metrics: the name when an upstream lists it, else
         :data:`OTHER_MODELS`. An upstream whose list cannot be read (a timeout, a 401) serves any name, and a
@@ -184,13 +201,15 @@ class UpstreamPool:
         return [upstream.name for upstream in self.upstreams if upstream.serves(model)]
 
     def models_known(self) -> bool:
-        return all(upstream.models is not None for upstream in self.upstreams)
+        return all(upstream.models is not None for upstream in self.upstreams if not upstream.retiring)
 
     def all_models(self) -> list[dict[str, Any]]:
         """The union of the upstreams' model lists, first listing wins for duplicate ids; then each alias whose
         served name is served now, saying what it is an alias of (an alias takes the place of a listed id)."""
         seen: dict[str, dict[str, Any]] = {}
         for upstream in self.upstreams:
+            if upstream.retiring:
+                continue
             for entry in upstream.models or []:
                 seen.setdefault(str(entry.get("id")), entry)
         for alias, served in self.aliases.items():
