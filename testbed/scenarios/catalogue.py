@@ -11,6 +11,8 @@ Checks (the issue's acceptance criteria):
   oracle's sweet spot, and from then on stays in it for at least ``IN_BAND_SHARE`` of the phase's
   ticks (probes step out of it briefly by design) with its median inside it. With several gateways, the
   limit is their sum (those with clients).
+- ``holds_goodput``: as ``goodput``, at ``HOLD_RATIO`` (0.8): what the controller must keep on the request
+  path's signals alone while the backend's ``/metrics`` lie or go silent.
 - ``goodput``: goodput within the objectives, from ``CONVERGE_S`` after the phase start to its end, is at
   least ``GOODPUT_RATIO`` x the best static limit's.
 - ``tpot``: p99 TPOT over the same interval meets its objective.
@@ -54,6 +56,7 @@ CONVERGE_S = 30.0
 BAND = 0.2
 IN_BAND_SHARE = 0.8
 GOODPUT_RATIO = 0.95
+HOLD_RATIO = 0.8
 FAIR_SHARE = 0.25
 ABSORB_S = 60.0
 NOISY_QUEUE_SHARE = 0.25
@@ -72,6 +75,7 @@ MIXED = replace(CHAT, streamed=0.5)
 OVERLOAD = (80,)
 FULL = ("converge", "goodput", "tpot")
 REPLICAS = ("fair", "converge", "sum_in_band", "goodput", "tpot")
+LIES = ("holds_goodput", "tpot")  # /metrics lie or go silent: the request path's signals alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +174,66 @@ SCENARIOS: tuple[Scenario, ...] = (
         (
             Phase("live metrics", 120, Conditions(OVERLOAD, CHAT)),
             Phase("frozen metrics", 180, Conditions(OVERLOAD, CHAT, metrics="frozen", frozen_headroom=_STALE_ALARM)),
+        ),
+    ),
+    # The backend's /metrics go silent or lie about the KV cache (issue 38, item 5): after a live phase, the
+    # request path's signals (throughput, TTFT, TPOT, errors) are all the controller can trust.
+    Scenario(
+        "metrics_missing",
+        "the backend's /metrics answer nothing (no KV, queue, token counter or cache size): local signals only",
+        QWEN,
+        (
+            Phase("live metrics", 120, Conditions(OVERLOAD, CHAT)),
+            Phase("no metrics", 180, Conditions(OVERLOAD, CHAT, metrics="missing"), LIES),
+        ),
+    ),
+    Scenario(
+        "kv_reads_zero",
+        "the backend's KV usage reads 0 whatever the cache holds (queue and counters true)",
+        QWEN,
+        (
+            Phase("live metrics", 120, Conditions(OVERLOAD, CHAT)),
+            Phase("KV reads 0", 180, Conditions(OVERLOAD, CHAT, metrics="kv_zero"), LIES),
+        ),
+    ),
+    Scenario(
+        "kv_reads_one",
+        "the backend's KV usage reads 1 (full) whatever the cache holds (queue and counters true)",
+        QWEN,
+        (
+            Phase("live metrics", 120, Conditions(OVERLOAD, CHAT)),
+            Phase("KV reads 1", 180, Conditions(OVERLOAD, CHAT, metrics="kv_one"), LIES),
+        ),
+    ),
+    # The same lies where they matter: a backend whose KV cache fills before its compute knee. The live phase
+    # is a warm-up (its goodput over the whole 240 s is ``tight_kv``'s check; 90 s of it, with tenants, reads
+    # 0.947). With /metrics silent, the preemption counter is gone with the cache size: the cliff is found
+    # by throughput and TPOT alone and touched now and then, so ``below_onset`` is not asserted there.
+    Scenario(
+        "tight_kv_metrics_missing",
+        "KV cache full before the compute knee, then /metrics answer nothing: no KV, preemption counter or cache size",
+        LLAMA_TIGHT_KV,
+        (
+            Phase("live metrics", 120, Conditions(OVERLOAD, CHAT), ("converge", "tpot", "below_onset")),
+            Phase("no metrics", 180, Conditions(OVERLOAD, CHAT, metrics="missing"), LIES),
+        ),
+    ),
+    Scenario(
+        "tight_kv_reads_zero",
+        "KV cache full before the compute knee, then its KV usage reads 0",
+        LLAMA_TIGHT_KV,
+        (
+            Phase("live metrics", 120, Conditions(OVERLOAD, CHAT), ("converge", "tpot", "below_onset")),
+            Phase("KV reads 0", 180, Conditions(OVERLOAD, CHAT, metrics="kv_zero"), (*LIES, "below_onset")),
+        ),
+    ),
+    Scenario(
+        "tight_kv_reads_one",
+        "KV cache full before the compute knee, then its KV usage reads 1",
+        LLAMA_TIGHT_KV,
+        (
+            Phase("live metrics", 120, Conditions(OVERLOAD, CHAT), ("converge", "tpot", "below_onset")),
+            Phase("KV reads 1", 180, Conditions(OVERLOAD, CHAT, metrics="kv_one"), (*LIES, "below_onset")),
         ),
     ),
     Scenario(
@@ -454,7 +518,9 @@ def run(
 def _judge(
     scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfig, start: float, end: float, before: list[int]
 ) -> PhaseResult:
-    needs_oracle = bool(set(phase.checks) & {"converge", "goodput", "below_onset", "no_creep", "sum_in_band"})
+    needs_oracle = bool(
+        set(phase.checks) & {"converge", "goodput", "holds_goodput", "below_onset", "no_creep", "sum_in_band"}
+    )
     # Static limits up to the backend's own cap (at least 128): a knee in the hundreds is found too.
     ceiling = max(128, get_profile(scenario.profile).max_num_seqs)
     the_oracle = oracle(scenario.profile, phase.conditions, config, scenario.seed, ceiling) if needs_oracle else None
@@ -508,6 +574,10 @@ def _judge(
                 failures.append(f"settled at {settled}, outside {band[0]:.1f}-{band[1]:.1f}")
         elif check == "goodput" and ratio is not None and ratio < GOODPUT_RATIO:
             failures.append(f"goodput {good:.0f} tok/s is {ratio:.3f} x the best static ({best:.0f})")
+        elif check == "holds_goodput" and ratio is not None and ratio < HOLD_RATIO:
+            failures.append(
+                f"goodput {good:.0f} tok/s is {ratio:.3f} x the best static ({best:.0f}), under {HOLD_RATIO}"
+            )
         elif (
             check == "tpot" and tpot is not None and config.tpot_p99_slo_s is not None and tpot > config.tpot_p99_slo_s
         ):

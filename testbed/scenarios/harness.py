@@ -40,6 +40,8 @@ from gateway.sim.engine import Engine, InjectedError, StepResult
 from gateway.sim.profiles import Profile
 
 RETRY_AFTER_ERROR_S = 1.0  # a client whose request failed tries again after this (as an SDK backs off)
+# The modes in which a scrape reads the backend, and the KV usage each reports (None: the true one).
+LIVE_MODES: dict[str, float | None] = {"live": None, "kv_zero": 0.0, "kv_one": 1.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +72,10 @@ class Conditions:
     workload: Workload = Workload()
     speed_factor: float = 1.0  # the backend's step times x this (2.0: twice as slow)
     error_rate: float = 0.0  # share of submissions the backend fails at once
-    metrics: str = "live"  # "live", "frozen" (stale: the last scrape stays), "none" (never scraped)
+    # What the backend's /metrics say: "live"; "frozen" (stale: the last scrape stays, or ``frozen_headroom``);
+    # "missing" (the scrape answers nothing: no KV, queue or counter figures, no published cache size; "none"
+    # is the same); "kv_zero" / "kv_one" (KV usage always reads 0.0 / 1.0, everything else true).
+    metrics: str = "live"
     frozen_headroom: Headroom | None = None  # what a frozen /metrics keeps reporting, if given
     # The hop from the gateway to the engine: an admitted request reaches the engine after a delay
     # drawn from [0, hop_s]. Over HTTP it lands at any moment of an engine step and waits in the
@@ -485,9 +490,10 @@ class Harness:
         engine = self.engine
         mode = self.conditions.metrics if self.conditions is not None else "live"
         counter = self.conditions is None or self.conditions.backend_counter
-        if mode == "live":
+        if mode in LIVE_MODES:
+            kv = LIVE_MODES[mode]
             self._headroom = Headroom(
-                kv_usage=engine.kv_usage,
+                kv_usage=engine.kv_usage if kv is None else kv,
                 backend_running=engine.num_running,
                 backend_waiting=engine.num_waiting,
                 preemptions_total=float(engine.num_preemptions),
@@ -497,7 +503,7 @@ class Harness:
             )
             profile = self.profile
             self._kv_published = (profile.num_gpu_blocks * profile.block_size, profile.block_size)
-        elif mode == "none":
+        elif mode in ("none", "missing"):
             self._headroom = Headroom()
             self._kv_published = None
 

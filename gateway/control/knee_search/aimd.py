@@ -39,6 +39,7 @@ from gateway.control.knee_search.capacity import KvRoom, over_share
 from gateway.control.knee_search.ceiling import Ceiling
 from gateway.control.knee_search.curve import Curve
 from gateway.control.knee_search.knee import CLIMB_STEP, clearly_below, knee_target, paid, probe_step
+from gateway.control.knee_search.kv_gauge import KvGauge
 from gateway.control.knee_search.meter import Readings
 from gateway.control.knee_search.reprobe import Probe, Reprobe
 from gateway.control.knee_search.signals import CongestionDetector, Signal
@@ -75,6 +76,7 @@ class Aimd:
         self._readings = Readings(config.settle_s, config.measure_s)
         self._tpot = TpotPredictor(config.min_samples)
         self._kv_room = KvRoom(config.window_s)
+        self._kv_gauge = KvGauge()
         self._detail: dict[str, Any] = {}
         self._part: float | None = None  # leading other replicas: its part of their demand (see _lead)
         self._blocked_by: Reason | None = None
@@ -87,6 +89,9 @@ class Aimd:
     def step(self, obs: Observation) -> Decision:
         now = obs.now
         self._detail = {}
+        obs = self._kv_gauge.vet(obs)
+        if self._kv_gauge.untrusted:
+            self._detail["kv_untrusted"] = True  # a full cache that makes tokens and never preempts: missing
         if self._readings.changed_at is None:
             self._tpot.limit_set(now, self._limit)
         bottleneck = obs.queue_depth > 0 or obs.peak_inflight >= self._limit
