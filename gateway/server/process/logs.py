@@ -60,12 +60,7 @@ class JsonLines(logging.Formatter):
     _encoder = msgspec.json.Encoder(enc_hook=str)
 
     def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {
-            "timestamp": datetime.fromtimestamp(record.created, tz=UTC).isoformat(),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
+        line = _head(datetime.fromtimestamp(record.created, tz=UTC), record.levelname, record.name, record.getMessage())
         for key, value in record.__dict__.items():
             if key not in _RECORD_ATTRIBUTES:
                 line[key] = value
@@ -74,6 +69,12 @@ class JsonLines(logging.Formatter):
         if record.stack_info:
             line["stack_info"] = self.formatStack(record.stack_info)
         return self._encoder.encode(line).decode()
+
+
+def _head(created: datetime, level: str, logger: str, message: str) -> dict[str, Any]:
+    """The fields every line starts with, in their order: one place, so the access log's own lines and
+    :class:`JsonLines`' cannot drift apart."""
+    return {"timestamp": created.isoformat(), "level": level, "logger": logger, "message": message}
 
 
 def _without_terminal_colours(record: logging.LogRecord) -> bool:
@@ -98,7 +99,7 @@ def log_access(fields: dict[str, Any]) -> None:
     if handler is None or access.handlers or len(root_handlers) != 1 or root_handlers[0] is not handler:
         access.info("access", extra=fields)
         return
-    line = {"timestamp": datetime.now(UTC).isoformat(), "level": "INFO", "logger": access.name, "message": "access"}
+    line = _head(datetime.now(UTC), "INFO", access.name, "access")
     line.update(fields)
     text = JsonLines._encoder.encode(line).decode() + handler.terminator
     handler.acquire()
