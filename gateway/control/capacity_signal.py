@@ -4,12 +4,17 @@ Each control tick the server hands :meth:`CapacitySignal.step` one :class:`Readi
 serves, whether its limit bound, its window's goodput and output tokens/s, its backlog) and gets one
 :class:`ModelSignal` per model back. The arithmetic (docs/deploy.md, "The capacity signal"):
 
-* **Capacity of one backend**: its window's successful requests/s and output tokens/s, taken only from a tick
-  where its limit has bound continuously for at least ``settle_s`` (the window's span): every second the window
-  covers was then spent at the limit, so the reading is what the backend delivers there, not what the clients
-  happened to ask for. The last such reading is kept while the upstream is known (a backend's capacity does not
-  fall because its load did). The pool's capacity is the **median** over the backends measured so far: one
-  slow or fast outlier does not move it, and a backend not measured yet takes the median's value.
+* **Capacity of one backend**: its window's successful requests/s and output tokens/s, taken only from a
+  *steady* tick: its limit has bound at every tick for at least ``settle_s`` (the window's span), and over that
+  time it owed no completions (:class:`_Steadiness`): requests admitted faster than completions made room for
+  them (a backend that joins a queued pool and is filled at once, a burst into an idle one) start together and
+  end together a request's length later, so until as many have ended, a window holds a fraction of what the
+  backend delivers. The window then covers only time spent at the limit in steady state, so the reading is
+  what the backend delivers there, not what the clients happened to ask for. A load that rises gradually owes
+  nothing and is measured ``settle_s`` after its limit binds. The last steady reading is kept while the upstream
+  is known (a backend's capacity does not fall because its load did). The pool's capacity is the **median** over
+  the backends measured so far: one slow or fast outlier does not move it, and a backend not measured yet takes
+  the median's value.
 * **Demand**: arrivals per second, what waits included. Between an earlier tick within the window and now, every
   arrival has either finished or is still in flight or queued, so ``arrivals = completions + (backlog now -
   backlog then)``, over the time between, the backlog being in flight plus queued. A queue that grows counts as
@@ -23,9 +28,9 @@ serves, whether its limit bound, its window's goodput and output tokens/s, its b
   dip shorter than the hold never removes a backend and a step down never goes below what the demand of the
   whole hold needed.
 
-No measurement yet (no backend of the model has been saturated for a window): no capacity and no desired
-figure, absent rather than a guess; the demand is still known. Pure: times are plain floats from the caller's
-clock, nothing here reads a clock or does I/O.
+No measurement yet (no backend of the model has had a steady window): no capacity and no desired figure, absent
+rather than a guess; the demand is still known. Pure: times are plain floats from the caller's clock, nothing
+here reads a clock or does I/O.
 """
 
 from __future__ import annotations
@@ -55,11 +60,38 @@ class Reading:
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """What one backend delivered while its limit bound for a whole window."""
+    """What one backend delivered over a window spent at its limit in steady state."""
 
     requests_per_s: float
     tokens_per_s: float
     at: float  # when it was measured
+
+
+@dataclass(slots=True)
+class _Steadiness:
+    """Whether one upstream's window is a steady reading of its limit.
+
+    ``owed``: completions still owed by a jump in the backlog. Requests admitted faster than completions make
+    room for them (a fresh backend filled at once, a burst into an idle one) started together and end together,
+    a request's length later; until as many have ended, a window holds fewer completions than the backend
+    delivers. Each tick adds the backlog's growth since the last and takes off the completions since; a backlog
+    that grows by less than what completes (a load that rises gradually, a steady one) owes nothing.
+    ``steady_since``: the first tick of the current run of ticks with the limit binding and nothing owed."""
+
+    backlog: int = 0  # in flight at the last tick (0 before the first: a new upstream starts empty)
+    counted_to: float | None = None  # completions up to this tick are counted
+    owed: int = 0
+    steady_since: float | None = None
+
+    def observe(self, now: float, reading: Reading) -> None:
+        # what finished before the first tick the upstream is seen at is not counted: its start is not known
+        ended = 0 if self.counted_to is None else sum(1 for at in reading.finished if self.counted_to < at <= now)
+        self.owed = max(0, self.owed + max(0, reading.backlog - self.backlog) - ended)
+        self.backlog, self.counted_to = reading.backlog, now
+        if not reading.saturated or self.owed > 0:
+            self.steady_since = None
+        elif self.steady_since is None:
+            self.steady_since = now
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +171,7 @@ class CapacitySignal:
         self.target_utilisation = target_utilisation
         self.scale_down_after_s = scale_down_after_s
         self.settle_s = settle_s
-        self._saturated_since: dict[str, float] = {}
+        self._steadiness: dict[str, _Steadiness] = {}
         self._capacity: dict[str, Capacity] = {}
         self._demand: dict[str, _Demand] = {}
         self._hysteresis: dict[str, Hysteresis] = {}
@@ -154,8 +186,8 @@ class CapacitySignal:
         known = {reading.upstream for reading in readings}
         for gone in set(self._capacity) - known:
             del self._capacity[gone]
-        for gone in set(self._saturated_since) - known:
-            del self._saturated_since[gone]
+        for gone in set(self._steadiness) - known:
+            del self._steadiness[gone]
         for reading in readings:
             self._observe(now, reading)
         by_model: dict[str, list[Reading]] = {}
@@ -168,11 +200,10 @@ class CapacitySignal:
         return [self._model(now, model, group, queued.get(model, 0)) for model, group in sorted(by_model.items())]
 
     def _observe(self, now: float, reading: Reading) -> None:
-        if not reading.saturated:
-            self._saturated_since.pop(reading.upstream, None)
-            return
-        since = self._saturated_since.setdefault(reading.upstream, now)
-        if now - since >= self.settle_s and reading.goodput_requests_per_s > 0:
+        steadiness = self._steadiness.setdefault(reading.upstream, _Steadiness())
+        steadiness.observe(now, reading)
+        steady = steadiness.steady_since
+        if steady is not None and now - steady >= self.settle_s and reading.goodput_requests_per_s > 0:
             self._capacity[reading.upstream] = Capacity(
                 reading.goodput_requests_per_s, reading.output_tokens_per_s, now
             )

@@ -76,6 +76,53 @@ def test_capacity_counts_only_once_the_limit_bound_for_a_whole_window() -> None:
     assert signal.capacity("a") == capacity
 
 
+def test_a_fresh_saturated_backend_is_measured_only_in_steady_state() -> None:
+    # "a" has served at its limit for long: 10 in flight, one ending every second (1 request/s). "b" joins a
+    # queued pool at t=100 and takes 10 at once; its first requests end one a second from 108 to 117, and from
+    # then on it too ends one a second (its 10 slots turned over, each request 10 s long).
+    def ends(first: float, now: float) -> tuple[float, ...]:
+        return tuple(float(t) for t in range(int(first), int(now) + 1) if now - 10.0 < t <= now)
+
+    def readings(now: float) -> list[Reading]:
+        a_ends, b_ends = ends(0.0, now), ends(108.0, now)
+        return [
+            reading("a", goodput=len(a_ends) / 10.0, finished=a_ends, backlog=10),
+            reading("b", goodput=len(b_ends) / 10.0, finished=b_ends, backlog=10),
+        ]
+
+    signal = CapacitySignal(0.8, 300.0, settle_s=10.0)
+    for now in range(60, 100, 2):  # "a" alone, watched from t=60: turned over by 70, measured at 80
+        out = only(signal.step(float(now), readings(float(now))[:1]))
+    assert out.pool_requests_per_s == 1.0
+    ticks = [100.0 + 2.0 * k for k in range(20)]
+    pools: dict[float, float | None] = {}
+    for now in ticks:
+        pools[now] = only(signal.step(now, readings(now))).pool_requests_per_s
+        if now == 110.0:
+            # saturated for settle_s, but its window holds only the 3 requests ended since 108: 0.3 requests/s, the
+            # under-reading a window taken settle_s after the limit began binding would keep
+            assert readings(now)[1].goodput_requests_per_s == pytest.approx(0.3)
+        # its 10th completion came at 117, seen at the tick of 118; a steady window is complete at 128
+        assert (signal.capacity("b") is None) == (now < 128.0), now
+        capacity = signal.capacity("b")
+        assert capacity is None or capacity.requests_per_s == pytest.approx(1.0), (now, capacity)
+    # the pool's median was never dragged down by the fresh backend's first windows
+    assert set(pools.values()) == {1.0}
+
+
+def test_a_backlog_that_grows_no_faster_than_requests_end_owes_no_turnover() -> None:
+    # in flight 0, 2, 4, ... up to the limit of 10 while one request ends every second: every admission beyond
+    # the first made room for by a completion, so the limit binding from t=10 gives a steady window at t=20
+    signal = CapacitySignal(0.8, 300.0, settle_s=10.0)
+    for now in range(0, 22, 2):
+        finished = tuple(float(t) for t in range(1, now + 1) if now - 10 < t)
+        signal.step(
+            float(now),
+            [reading(saturated=now >= 10, goodput=len(finished) / 10.0, finished=finished, backlog=min(10, now))],
+        )
+        assert (signal.capacity("a") is None) == (now < 20), now
+
+
 def test_the_pool_capacity_is_the_median_and_demand_counts_the_growing_backlog() -> None:
     signal = CapacitySignal(0.8, 300.0, settle_s=0.0)
     ups = [("a", 8.0, 800.0), ("b", 10.0, 1000.0), ("c", 30.0, 3000.0)]
