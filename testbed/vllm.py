@@ -45,6 +45,7 @@ ENV_VENV = "SWEETSPOT_VLLM_VENV"
 MODEL = "tiny-vllm"
 VENV_SCRIPTS = Path(__file__).with_name("vllm_venv")
 MAKE_MODEL = VENV_SCRIPTS / "make_hf_model.py"
+MAKE_LORA = VENV_SCRIPTS / "make_lora_adapter.py"
 SERVE_ARGS = VENV_SCRIPTS / "serve_args.py"
 
 
@@ -156,6 +157,55 @@ def ensure_model(spec: HFModelSpec = SMALL, python: Path | None = None) -> Path:
                 capture_output=True,
                 text=True,
                 timeout=600,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"generating {path} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return path
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """A random-weight LoRA adapter written by ``make_lora_adapter.py`` (PEFT's layout, on ``q_proj`` and
+    ``v_proj``); the cache key is every field and the model's directory name."""
+
+    rank: int = 8
+    alpha: int = 16
+    seed: int = 0
+    std: float = 0.1
+
+    def args(self) -> list[str]:
+        return [arg for name, value in asdict(self).items() for arg in (f"--{name}", str(value))]
+
+
+#: What ``vllm serve`` needs to load and unload adapters at run time (``/v1/load_lora_adapter``): without it
+#: vLLM does not register the two routes (vllm/entrypoints/serve/lora/api_router.py).
+RUNTIME_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
+def lora_serve_args(max_loras: int = 1, max_rank: int = 8) -> tuple[str, ...]:
+    """``vllm serve`` options for serving LoRA adapters; ``max_rank`` must be one of vLLM's allowed ranks
+    (1, 8, 16, 32, ...) and at least every adapter's."""
+    return ("--enable-lora", "--max-loras", str(max_loras), "--max-lora-rank", str(max_rank))
+
+
+def ensure_lora_adapter(model: Path, spec: LoraSpec = LoraSpec(), python: Path | None = None) -> Path:
+    """A LoRA adapter directory for the generated ``model``, generated with the vLLM venv's python when missing
+    (under a lock, written next to its place and renamed, as :func:`ensure_model` does)."""
+    key = hashlib.sha256(json.dumps([model.name, asdict(spec)], sort_keys=True).encode()).hexdigest()[:12]
+    root = cache_dir() / "lora-adapters"
+    path = root / f"{model.name}-r{spec.rank}-{key}"
+    if (path / "adapter_config.json").is_file():
+        return path
+    root.mkdir(parents=True, exist_ok=True)
+    interpreter = python if python is not None else vllm_python()
+    with open(root / f".lock-{path.name}", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (path / "adapter_config.json").is_file():
+            done = subprocess.run(
+                [str(interpreter), str(MAKE_LORA), "--model", str(model), "--out", str(path), *spec.args()],
+                capture_output=True,
+                text=True,
+                timeout=300,
             )
             if done.returncode != 0:
                 raise RuntimeError(f"generating {path} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
