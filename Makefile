@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # Where built tools are cached between runs (outside the work tree, keyed by version inside).
 export SWEETSPOT_CACHE_DIR ?= $(HOME)/.cache/sweetspot
 
-.PHONY: demo test check lint venv llama-server vllm prometheus redis bench lock clean
+.PHONY: demo test check lint venv llama-server vllm prometheus redis dnsmasq bench lock clean
 
 # Branch coverage of gateway/server from the unit and component tests alone, in per cent: `make test` fails below
 # it. Set to the measured figure rounded down to a multiple of 5 (README.md, "Quick start", has the figure).
@@ -41,6 +41,10 @@ prometheus:
 redis:
 	bash scripts/install-redis.sh
 
+# Install dnsmasq (Debian's dnsmasq-base) when it is missing; the DNS discovery test runs one as its resolver.
+dnsmasq:
+	bash scripts/install-dnsmasq.sh
+
 # ruff 0.17 also formats the Python blocks of Markdown files; the check covers the Python sources.
 lint: $(STAMP)
 	$(PY) -m ruff check .
@@ -50,7 +54,7 @@ lint: $(STAMP)
 # The whole suite in two pytest runs, each test once: the unit and component layers under coverage (the floor is
 # checked on gateway/server), then everything else (tests/integration, tests/scenarios) without it. Every step
 # runs even if one before it failed, and the last line printed is the second run's pytest summary.
-test: $(STAMP) llama-server vllm prometheus redis lint
+test: $(STAMP) llama-server vllm prometheus redis dnsmasq lint
 	@status=0; \
 	$(PY) -m coverage erase; \
 	$(PY) -m coverage run -m pytest tests/unit tests/component || status=$$?; \

@@ -156,7 +156,10 @@ class UpstreamKnobs(BaseModel):
     """The inference servers behind the gateway, and how their health is followed."""
 
     upstreams: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Base URLs of the inference servers, e.g. http://vllm:8000."
+        default_factory=list,
+        description="Base URLs of the inference servers, e.g. http://vllm:8000; or a name whose every address "
+        "(A and AAAA) is one, re-resolved every discovery_interval_s: dns+http://vllm.llm.svc.cluster.local:8000 "
+        "(a headless Service; docs/deploy.md).",
     )
     backend: BackendKind = Field(
         "auto", description="Backend type for reading its /metrics; 'auto' detects it from what the server answers."
@@ -171,7 +174,16 @@ class UpstreamKnobs(BaseModel):
         "without a restart, those removed finish what runs and leave (docs/deploy.md).",
     )
     discovery_interval_s: float = Field(
-        5.0, gt=0, description="How often upstreams_file is checked for changes (its mtime and content)."
+        5.0,
+        gt=0,
+        description="How often upstreams_file is checked for changes (its mtime and content) and the dns+ "
+        "names among the upstreams are resolved again.",
+    )
+    discovery_nameserver: str | None = Field(
+        None,
+        description="The DNS server that resolves the dns+ upstreams, as ADDRESS:PORT (127.0.0.1:5353, "
+        "[::1]:5353; port 53 when left out); unset: the system's resolver (/etc/hosts, resolv.conf's search "
+        "domains). A name that fails to resolve or has no address keeps its last good addresses.",
     )
     health_interval_s: float = Field(2.0, gt=0, description="How often each upstream's health is polled.")
     upstream_timeouts_to_down: int = Field(
@@ -376,6 +388,19 @@ class RoutingKnobs(BaseModel):
         description="How long a served prefix is taken to stay in an upstream's cache (backends evict under "
         "memory pressure; a stale guess only costs one cache miss).",
     )
+    routing_lora_weight: float = Field(
+        0.5,
+        ge=0,
+        description="LoRA affinity (with routing = prefix): added to the score of an upstream where the request's "
+        "adapter runs (half of it where it ran recently), against load_weight x in-flight/limit. 0: adapters are "
+        "placed by load alone. docs/routing.md measures it.",
+    )
+    routing_lora_swap_penalty: float = Field(
+        1.0,
+        ge=0,
+        description="LoRA affinity: taken off the score of an upstream where max_lora other adapters run (vLLM's "
+        "vllm:lora_requests_info and the gateway's own requests), where the request would wait for one to drain.",
+    )
     response_affinity_max: int = Field(
         100_000,
         ge=1,
@@ -553,8 +578,20 @@ class Settings(
 
     @field_validator("upstreams")
     @classmethod
-    def _strip_slash(cls, value: list[str]) -> list[str]:
-        return [url.rstrip("/") for url in value]
+    def _check_upstreams(cls, value: list[str]) -> list[str]:
+        """Each a base URL or a dns+ name, without a trailing ``/``: a bad one is one line at start-up (exit 2)."""
+        from gateway.server.upstream.discovery import check_upstream
+
+        return [check_upstream(url) for url in value]
+
+    @field_validator("discovery_nameserver")
+    @classmethod
+    def _check_nameserver(cls, value: str | None) -> str | None:
+        from gateway.server.upstream.dns_discovery import parse_nameserver
+
+        if value is not None:
+            parse_nameserver(value)
+        return value
 
     @field_validator("algorithm")
     @classmethod

@@ -37,6 +37,12 @@ def demo(
     strict: bool = typer.Option(
         False, "--strict", help="Exit 1 when the controller misses +-25% of the sweet spot in a judged phase."
     ),
+    elastic: bool = typer.Option(
+        False,
+        "--elastic",
+        help="A backend joins: more arrivals than one simulator can take, then a second one joins the running "
+        "gateway through its upstreams_file; shows the capacity signal (sweetspot_upstreams_desired) and the join.",
+    ),
 ) -> None:
     """Start the simulator and the gateway, sweep, drive a changing load, and show where the controller held."""
     from rich.console import Console
@@ -67,6 +73,7 @@ def demo(
         print_every_s=print_every,
         levels=parsed,
         strict=strict,
+        elastic=elastic,
     )
     outcome = run_demo(options, console)
     raise typer.Exit(outcome.exit_code)

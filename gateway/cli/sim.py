@@ -25,6 +25,19 @@ def sim(
     log_level: str = typer.Option("warning", help="uvicorn log level."),
     api_key: str | None = typer.Option(None, help="Require this bearer key on /v1/* (like vLLM's --api-key)."),
     prefix_caching: bool = typer.Option(True, help="Automatic prefix caching, vLLM V1's default."),
+    enable_lora: bool = typer.Option(
+        False, help="Serve LoRA adapters (implied by --lora-modules); adapters may be loaded at run time."
+    ),
+    lora_modules: list[str] | None = typer.Option(
+        None, help="An adapter served from the start, as name=path (repeat the option for several)."
+    ),
+    max_loras: int = typer.Option(1, help="Distinct adapters one batch may hold (vLLM's --max-loras)."),
+    max_cpu_loras: int | None = typer.Option(
+        None, help="Adapters kept resident, least recently used out (vLLM's --max-cpu-loras; default max-loras)."
+    ),
+    lora_load_ms: float = typer.Option(
+        40.0, help="Engine milliseconds a step takes longer for each adapter it must load (not resident)."
+    ),
 ) -> None:
     """Serve an OpenAI-compatible, vLLM-shaped simulator whose throughput curve has a knee and a cliff."""
     import dataclasses
@@ -48,6 +61,20 @@ def sim(
         raise typer.BadParameter(str(exc.args[0]), param_hint="--profile") from None
     if time_scale <= 0:
         raise typer.BadParameter("must be > 0", param_hint="--time-scale")
+    from gateway.sim.lora import LoraConfig, parse_lora_module
+
+    lora: LoraConfig | None = None
+    if enable_lora or lora_modules:
+        try:
+            lora = LoraConfig(
+                adapters=tuple(parse_lora_module(spec) for spec in lora_modules or []),
+                max_loras=max_loras,
+                max_cpu_loras=max_cpu_loras,
+                load_s=lora_load_ms / 1000.0,
+            )
+            lora.validate()
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--lora-modules/--max-loras") from None
 
     from gateway.sim.http_app import SimConfig, serve
 
@@ -60,5 +87,6 @@ def sim(
         eos_mean_tokens=eos_mean_tokens,
         api_key=api_key,
         prefix_caching=prefix_caching,
+        lora=lora,
     )
     serve(config, host=host, port=port, log_level=log_level)

@@ -60,7 +60,7 @@ class RunningProcess:
         self.match: re.Match[str] | None = None
         self._lines: deque[str] = deque(maxlen=KEPT_LINES)
         self._read_count = 0  # lines read in all, dropped ones included
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered: wait_for_line, holding it, reads output() for its error
         self._new_line = threading.Condition(self._lock)
         self._reader = threading.Thread(target=self._read, name=f"output of {Path(cmd[0]).name}", daemon=True)
         self._reader.start()

@@ -4,6 +4,8 @@ Top: the concurrency limit against what the clients offered (clients), what the 
 (in-flight) and what waited in the gateway (queued), with each phase's reference sweet spot drawn as a
 band of the tolerance around it (solid where the phase is judged, faint where it is not). Bottom: the
 tokens per second the clients received. Vertical lines are the phase boundaries, named at the top.
+The elastic variant has its own picture (:func:`plot_elastic`): one limit and in-flight per upstream, the
+capacity signal between, the join marked.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from gateway.demo.elastic import ElasticSummary
 from gateway.demo.script import TOLERANCE, Phase
 from gateway.demo.summary import PhaseSummary
 from gateway.demo.timeline import Sample
@@ -87,6 +90,106 @@ def plot_timeline(
         top.annotate(
             label,
             xy=((summary.start_s + summary.end_s) / 2, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(0, 4),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target
+
+
+def plot_elastic(
+    samples: Sequence[Sample],
+    summary: ElasticSummary,
+    path: str | Path,
+    *,
+    title: str,
+) -> Path:
+    """The elastic variant: each upstream's limit and in-flight and the gateway's queue; the capacity signal's
+    desired figure against the upstreams serving; tokens/s, the clients' and each upstream's. The join marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, middle, bottom) = plt.subplots(
+        3, 1, figsize=(11, 8.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.4, 2]}
+    )
+    labels = list(dict.fromkeys(u.label for s in samples for u in s.upstreams))
+    colours = dict(zip(labels, ("tab:blue", "tab:red", "tab:green", "tab:brown"), strict=False))
+
+    def per_upstream(label: str, name: str) -> tuple[list[float], list[float]]:
+        xs, ys = [], []
+        for s in samples:
+            for u in s.upstreams:
+                value = getattr(u, name)
+                if u.label == label and value is not None:
+                    xs.append(s.t)
+                    ys.append(float(value))
+        return xs, ys
+
+    for label in labels:
+        colour = colours.get(label, "0.4")
+        top.plot(*per_upstream(label, "inflight"), color=colour, alpha=0.3, linewidth=5, label=f"in-flight {label}")
+        top.plot(
+            *per_upstream(label, "limit"), color=colour, linewidth=2, drawstyle="steps-post", label=f"limit {label}"
+        )
+        bottom.plot(
+            *per_upstream(label, "tokens_per_s"), color=colour, linewidth=1, label=f"tokens/s {label} (gateway)"
+        )
+    xs, ys = _series(samples, "queued")
+    top.plot(xs, ys, color="tab:orange", label="queued (gateway)")
+    top.set_ylabel("requests")
+    top.set_ylim(bottom=0)
+
+    for name, label, style in (
+        ("desired", "sweetspot_upstreams_desired", {"color": "black", "linewidth": 2}),
+        ("serving", "upstreams serving", {"color": "tab:blue", "linestyle": "--"}),
+    ):
+        points = [(s.t, getattr(s.signal, name)) for s in samples if s.signal and getattr(s.signal, name) is not None]
+        if points:
+            middle.plot(*zip(*points, strict=True), drawstyle="steps-post", label=label, **style)
+    middle.set_ylabel("backends")
+    middle.set_ylim(0, max([3] + [s.signal.desired + 1 for s in samples if s.signal and s.signal.desired]))
+    middle.yaxis.get_major_locator().set_params(integer=True)
+
+    xs, ys = _series(samples, "tokens_per_s")
+    bottom.plot(xs, ys, color="tab:purple", linewidth=2, label="tokens/s (clients)")
+    bottom.set_ylabel("output tokens/s")
+    bottom.set_xlabel("seconds since the load began")
+    bottom.set_ylim(bottom=0)
+
+    for ax in (top, middle, bottom):
+        for p in summary.pool[1:]:
+            ax.axvline(p.start_s, color="0.3", linewidth=0.8)
+        for join in summary.joins:
+            if join.joined_at_s is not None:
+                ax.axvline(join.joined_at_s, color="tab:red", linewidth=1, linestyle=":")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", fontsize=7)
+    for join in summary.joins:
+        if join.joined_at_s is not None:
+            top.annotate(
+                f"{join.label} joins (limit {join.start_limit})",
+                xy=(join.joined_at_s, 0.92),
+                xycoords=("data", "axes fraction"),
+                xytext=(4, 0),
+                textcoords="offset points",
+                fontsize=8,
+                color="tab:red",
+            )
+    for p in summary.pool:
+        top.annotate(
+            p.name,
+            xy=((p.start_s + p.end_s) / 2, 1.0),
             xycoords=("data", "axes fraction"),
             xytext=(0, 4),
             textcoords="offset points",

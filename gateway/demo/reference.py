@@ -77,3 +77,11 @@ def reference_for(result: SweepResult, speed_factor: float = 1.0) -> Reference:
         tokens_per_s=spot.output_tokens_per_s if spot else None,
         source=source,
     )
+
+
+def backend_requests_per_s(result: SweepResult) -> float | None:
+    """The most requests/s one backend completed at a sweep level within the objectives: what the elastic
+    phases' arrivals are a multiple of. The best level rather than the sweet spot's, since the controller may
+    hold a little above the sweet spot and deliver that much; None when no level met the objectives."""
+    rates = [level.requests_per_s for level in result.levels if level.slo_met and level.requests_per_s > 0]
+    return max(rates) if rates else None

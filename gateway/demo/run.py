@@ -10,6 +10,13 @@
 5. Summarise where the limit held per phase against the sweet spot, write ``demo.json`` and
    ``demo.png``, and say where every file is.
 
+With ``--elastic`` (:data:`~gateway.demo.script.ELASTIC`), a second simulator starts beside the first and
+the gateway is started with an ``upstreams_file`` listing only the first; the load is open loop, more than one
+backend can take; as the join phase starts the demo lists the second simulator in the file (written whole,
+then renamed into place), and the gateway takes it in at its next ``discovery_interval_s`` check. Each tick
+also reads the capacity signal from the gateway's ``/metrics``; the ending is the pool and each upstream per
+phase and the join (:mod:`~gateway.demo.joining`, :mod:`~gateway.demo.elastic`).
+
 Every child process is stopped on the way out: normal end, error, Ctrl-C or SIGTERM.
 """
 
@@ -29,18 +36,36 @@ import aiohttp
 from rich.console import Console
 
 from gateway.common.processes import LISTENING, ProcessError, process_factory, sweetspot_module
+from gateway.demo.joining import (
+    ElasticError,
+    ElasticRun,
+    decision_log,
+    elastic_run,
+    finish_elastic,
+    join_phase,
+    write_upstreams_file,
+)
 from gateway.demo.outcome import headline, summary_table, write_json
 from gateway.demo.plot import plot_timeline
 from gateway.demo.reference import Reference, reference_for
-from gateway.demo.script import DEFAULT, QUICK, Script, default_workload, gateway_env, scaled_slo
+from gateway.demo.script import (
+    DEFAULT,
+    ELASTIC,
+    QUICK,
+    QUICK_ELASTIC,
+    Script,
+    default_workload,
+    gateway_env,
+    scaled_slo,
+)
 from gateway.demo.summary import overall, summarize
-from gateway.demo.timeline import Sample, build_sample
+from gateway.demo.timeline import Sample, build_sample, upstream_state
 from gateway.demo.view import PlainView, make_view
 from gateway.settings import Settings
 from gateway.sweep.client import StreamClient, Target
 from gateway.sweep.driver import SweepConfig, SweepError, run_sweep
 from gateway.sweep.live import LiveWindow
-from gateway.sweep.loadgen import ClosedLoopPool
+from gateway.sweep.loadgen import ClosedLoopPool, PoissonLoad
 from gateway.sweep.progress import sweep_progress
 from gateway.sweep.result import SweepResult
 from gateway.sweep.tables import headline as sweep_headline
@@ -67,9 +92,11 @@ class DemoOptions:
     sample_every_s: float = 0.5
     levels: tuple[int, ...] | None = None  # override the script's sweep levels
     strict: bool = False  # exit 1 when a judged phase misses the criterion
+    elastic: bool = False  # the elastic script: a second simulator joins part way through
 
     def script(self) -> Script:
-        base = QUICK if self.quick else DEFAULT
+        variants = {(False, False): DEFAULT, (True, False): QUICK, (False, True): ELASTIC, (True, True): QUICK_ELASTIC}
+        base = variants[(self.quick, self.elastic)]
         if self.levels:
             base = Script(base.phases, tuple(sorted(set(self.levels))), base.sweep_measure_s)
         return base.scaled(self.duration_scale) if self.duration_scale != 1.0 else base
@@ -110,6 +137,18 @@ async def _get_json(http: aiohttp.ClientSession, url: str) -> Any:
         return None
 
 
+async def _get_text(http: aiohttp.ClientSession, url: str) -> str | None:
+    try:
+        async with http.get(url) as resp:
+            return await resp.text() if resp.status == 200 else None
+    except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
+        return None
+
+
+async def _no_text() -> None:
+    return None
+
+
 async def _set_speed(http: aiohttp.ClientSession, sim_url: str, factor: float) -> None:
     async with http.post(f"{sim_url}/admin/scenario", json={"speed_factor": factor}) as resp:
         if resp.status != 200:
@@ -126,12 +165,19 @@ async def _drive(
     view: PlainView | Any,
     samples: list[Sample],
     sample_every_s: float,
-) -> list[Any] | None:
-    """Run the phases, appending to ``samples``; returns the controller's decision log at the end."""
+    elastic: ElasticRun | None = None,
+    seed: int = 0,
+) -> Any:
+    """Run the phases, appending to ``samples``; returns the gateway's ``/state`` at the end."""
     target = Target(gateway_url, model=model, timeout_s=300.0)
     async with StreamClient(target) as client, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
         live = LiveWindow(horizon_s=4.0)
-        pool = ClosedLoopPool(client, RequestFactory(workload, stream_id=1000), concurrency=0, on_record=live.add)
+        factory = RequestFactory(workload, stream_id=1000)
+        pool: ClosedLoopPool | PoissonLoad
+        if elastic is not None and script.open_loop:
+            pool = PoissonLoad(client, factory, rate=elastic.arrivals[0], seed=seed, on_record=live.add)
+        else:
+            pool = ClosedLoopPool(client, factory, concurrency=0, on_record=live.add)
         pool.start()
         began = time.perf_counter()
         speed, planned_end = 1.0, 0.0
@@ -140,18 +186,44 @@ async def _drive(
                 if phase.speed_factor != speed:
                     await _set_speed(http, sim_url, phase.speed_factor)
                     speed = phase.speed_factor
-                pool.set_concurrency(phase.clients)
-                view.phase_started(index, phase, references[index].concurrency, time.perf_counter() - began)
+                arrivals: float | None = None
+                if isinstance(pool, PoissonLoad) and elastic is not None:
+                    arrivals = elastic.arrivals[index]
+                    pool.set_rate(arrivals)
+                else:
+                    pool.set_concurrency(phase.clients)
+                if elastic is not None and index in elastic.joiners:
+                    label, url = elastic.joiners[index]
+                    elastic.listed.append(url)
+                    write_upstreams_file(elastic.file, elastic.listed)
+                    elastic.written_at[index] = time.perf_counter() - began
+                    view.note(f"--- listed {label} ({url}) in {elastic.file}: the gateway takes it at its next check")
+                view.phase_started(
+                    index, phase, references[index].concurrency, time.perf_counter() - began, arrivals_per_s=arrivals
+                )
                 planned_end += phase.duration_s
                 next_tick = time.perf_counter()
                 while time.perf_counter() - began < planned_end:
-                    state, backend = await asyncio.gather(
-                        _get_json(http, f"{gateway_url}/state"), _get_json(http, f"{sim_url}/admin/scenario")
+                    state, backend, metrics = await asyncio.gather(
+                        _get_json(http, f"{gateway_url}/state"),
+                        _get_json(http, f"{sim_url}/admin/scenario"),
+                        _get_text(http, f"{gateway_url}/metrics") if elastic is not None else _no_text(),
                     )
                     now = time.perf_counter()
                     stats = pool.stats()
                     live.observe(now, stats)
-                    sample = build_sample(now - began, index, state, backend, live.snapshot(now), stats)
+                    sample = build_sample(
+                        now - began,
+                        index,
+                        state,
+                        backend,
+                        live.snapshot(now),
+                        stats,
+                        arrivals_per_s=arrivals,
+                        labels=elastic.labels if elastic is not None else None,
+                        metrics=metrics,
+                        model=elastic.model if elastic is not None else None,
+                    )
                     samples.append(sample)
                     view.update(sample)
                     next_tick += sample_every_s
@@ -159,9 +231,7 @@ async def _drive(
             final = await _get_json(http, f"{gateway_url}/state")
         finally:
             await pool.stop(drain_timeout_s=0)
-    upstreams = final.get("upstreams") if isinstance(final, dict) else None
-    controller = upstreams[0].get("controller") if isinstance(upstreams, list) and upstreams else None
-    return controller.get("decisions") if isinstance(controller, dict) else None
+    return final
 
 
 def _sweep(
@@ -201,13 +271,28 @@ def _print_files(console: Console, files: dict[str, Path]) -> None:
             console.print(f"  {label:<14} {path}", highlight=False, soft_wrap=True, markup=False)
 
 
+def _sim_command(options: DemoOptions, seed: int) -> list[str]:
+    return sweetspot_module(
+        "sim",
+        "--port",
+        "0",
+        "--profile",
+        options.profile,
+        "--time-scale",
+        f"{options.time_scale:g}",
+        "--admin",
+        "--seed",
+        str(seed),
+    )
+
+
 def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
     """Run the whole demo; never leaves a child process behind."""
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     script = options.script()
     workload: Workload = default_workload(options.seed)
-    env = gateway_env(options.time_scale)
+    env = gateway_env(options.time_scale, elastic=script.elastic)
     outcome = DemoOutcome(out=out, exit_code=0)
     files = outcome.files
     files.update(
@@ -221,15 +306,19 @@ def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
             "gateway log": out / "gateway.log",
         }
     )
+    if script.elastic:
+        files.update({"upstreams file": out / "upstreams.txt", "simulator 2 log": out / "sim-2.log"})
     samples: list[Sample] = []
-    decisions: list[Any] | None = None
+    final: Any = None
+    elastic: ElasticRun | None = None
     result: SweepResult | None = None
     references: list[Reference] = []
     pids: dict[str, int] = {}
     started = time.perf_counter()
+    joining = f", a second simulator joining in phase {join_phase(script) + 1}" if script.elastic else ""
     console.print(
         f"sweetspot demo: simulator ({options.profile}) at {options.time_scale:g}x real time; sweep, then "
-        f"{len(script.phases)} load phases ({script.load_s:.0f} s) through the gateway; files in {out}",
+        f"{len(script.phases)} load phases ({script.load_s:.0f} s) through the gateway{joining}; files in {out}",
         highlight=False,
         soft_wrap=True,
     )
@@ -244,18 +333,7 @@ def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
         try:
             with process_factory() as start:
                 sim = start(
-                    sweetspot_module(
-                        "sim",
-                        "--port",
-                        "0",
-                        "--profile",
-                        options.profile,
-                        "--time-scale",
-                        f"{options.time_scale:g}",
-                        "--admin",
-                        "--seed",
-                        str(options.seed),
-                    ),
+                    _sim_command(options, options.seed),
                     ready_pattern=LISTENING,
                     ready_url="{url}/health",
                     timeout=60,
@@ -266,6 +344,25 @@ def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
                 console.print(f"simulator listening on {sim.url}", highlight=False)
                 result = _sweep(console, sim.url, script, workload, options.time_scale, out / "sweep")
                 references = [reference_for(result, p.speed_factor) for p in script.phases]
+                gateway_env_now = dict(env)
+                if script.elastic:
+                    # Up before the load starts, like a new server that has loaded its model: what the join
+                    # phase does is list it, not start it.
+                    sim2 = start(
+                        _sim_command(options, options.seed + 1),
+                        ready_pattern=LISTENING,
+                        ready_url="{url}/health",
+                        timeout=60,
+                        log_path=out / "sim-2.log",
+                        die_with_parent=True,
+                    )
+                    pids["sim-2"] = sim2.pid
+                    elastic = elastic_run(script, result, files["upstreams file"], sim.url, sim2.url)
+                    write_upstreams_file(elastic.file, elastic.listed)
+                    gateway_env_now["SWEETSPOT_UPSTREAMS_FILE"] = str(elastic.file)
+                    console.print(
+                        f"second simulator listening on {sim2.url}, not listed yet in {elastic.file}", highlight=False
+                    )
                 gateway = start(
                     sweetspot_module(
                         "serve",
@@ -278,7 +375,7 @@ def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
                         "--log-level",
                         "info",
                     ),
-                    env=env,
+                    env=gateway_env_now,
                     ready_pattern=LISTENING,
                     ready_url="{url}/readyz",
                     timeout=60,
@@ -289,7 +386,7 @@ def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
                 console.print(f"gateway listening on {gateway.url}, in front of {sim.url}", highlight=False)
                 view = make_view(console, script.phases, plain=options.plain, every_s=options.print_every_s)
                 with view:
-                    decisions = asyncio.run(
+                    final = asyncio.run(
                         _drive(
                             gateway.url,
                             sim.url,
@@ -300,12 +397,14 @@ def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
                             view,
                             samples,
                             options.sample_every_s,
+                            elastic,
+                            options.seed,
                         )
                     )
         except KeyboardInterrupt:
             outcome.interrupted, outcome.exit_code = True, 130
             console.print("interrupted: every process the demo started has been stopped", highlight=False)
-        except (DemoError, ProcessError) as exc:
+        except (DemoError, ElasticError, ProcessError) as exc:
             outcome.exit_code = 1
             console.print(f"error: {exc}", highlight=False, soft_wrap=True, markup=False)
     if result is not None and samples:
@@ -316,11 +415,12 @@ def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
             result,
             references,
             samples,
-            decisions,
+            final,
             env,
             pids,
             outcome,
             time.perf_counter() - started,
+            elastic,
         )
     _print_files(console, files)
     return outcome
@@ -333,21 +433,16 @@ def _finish(
     result: SweepResult,
     references: list[Reference],
     samples: list[Sample],
-    decisions: list[Any] | None,
+    final: Any,
     env: dict[str, str],
     pids: dict[str, int],
     outcome: DemoOutcome,
     elapsed_s: float,
+    elastic: ElasticRun | None = None,
 ) -> None:
-    summaries = summarize(script.phases, samples, references)
-    passed = overall(summaries)
-    controller_seen = any(s.action is not None for s in samples)
-    outcome.passed = passed
-    console.print(summary_table(summaries, width=console.width))
-    for line in headline(summaries, passed, controller_seen):
-        console.print(line, highlight=False, soft_wrap=True, markup=False)
     spot = result.sweet_spot
-    meta = {
+    controller_seen = any(s.action is not None for s in samples)
+    meta: dict[str, Any] = {
         "created_at": datetime.now().astimezone().isoformat(timespec="seconds"),
         "interrupted": outcome.interrupted,
         "elapsed_s": round(elapsed_s, 1),
@@ -373,20 +468,30 @@ def _finish(
         },
         "script": [
             {"name": p.name, "clients": p.clients, "duration_s": p.duration_s, "speed_factor": p.speed_factor}
+            | ({"rate_x": p.rate_x, "join": p.join} if script.elastic else {})
             for p in script.phases
         ],
     }
+    title = (
+        f"sweetspot demo: {options.profile} at {options.time_scale:g}x, sweep sweet spot "
+        f"{spot.concurrency if spot else '-'}" + (" (interrupted)" if outcome.interrupted else "")
+    )
+    if elastic is not None:
+        finish_elastic(console, script, samples, final, elastic, meta, outcome.files, title)
+        return
+    summaries = summarize(script.phases, samples, references)
+    passed = overall(summaries)
+    outcome.passed = passed
+    console.print(summary_table(summaries, width=console.width))
+    for line in headline(summaries, passed, controller_seen):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
     write_json(
         outcome.files["summary+timeline"],
         meta=meta,
         summaries=summaries,
         passed=passed,
         samples=samples,
-        decisions=decisions,
-    )
-    title = (
-        f"sweetspot demo: {options.profile} at {options.time_scale:g}x, sweep sweet spot "
-        f"{spot.concurrency if spot else '-'}" + (" (interrupted)" if outcome.interrupted else "")
+        decisions=decision_log(upstream_state(final)),
     )
     plot_timeline(samples, script.phases, summaries, outcome.files["plot"], title=title)
     if options.strict and passed is False and outcome.exit_code == 0:

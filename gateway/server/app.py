@@ -58,6 +58,7 @@ def create_app(
         for warning in gateway.pool.unlisted_targets():
             log.warning(warning)
         control_loop.start()
+        await membership.start()  # the dns+ names' addresses join before the first request
         loops = [
             every(settings.health_interval_s, poll, "health poll"),
             every(settings.metrics_interval_s, control_loop.scrape, "backend scrape"),

@@ -10,14 +10,17 @@ from gateway import __version__
 from gateway.control.window import SlidingWindow
 from gateway.server.admission.admission_queue import AdmissionQueue, Limiter
 from gateway.server.admission.keys import KeyRing
+from gateway.server.admission.lora_affinity import AdapterAffinity
 from gateway.server.admission.routing import MetricsObserver, PrefixMap, PrefixRouter, RandomRouter
 from gateway.server.admission.tenants import TenantDirectory
 from gateway.server.process.drain import DrainState
 from gateway.server.upstream.discovery import UpstreamsFile, united
+from gateway.server.upstream.dns_discovery import DnsUpstreams, is_dns, make_resolver
 from gateway.server.upstream.pool import Upstream, UpstreamPool
 from gateway.server.upstream.response_affinity import ResponseAffinity
 from gateway.server.upstream.upstream_client import UpstreamClient
 from gateway.settings import Settings
+from gateway.telemetry.backends.snapshot import LoraState
 from gateway.telemetry.metrics import GatewayMetrics
 
 
@@ -35,6 +38,7 @@ class Gateway:
     router: PrefixRouter | None = None  # None: least-loaded routing (the setting, or a single upstream)
     admin_keys: KeyRing[bool] = field(init=False)  # the operator's key, for /metrics and /state
     upstreams_file: UpstreamsFile | None = None  # the upstreams_file setting, as last read
+    dns: DnsUpstreams | None = None  # the last good addresses of the dns+ upstreams (None: never resolved)
 
     def __post_init__(self) -> None:
         settings = self.settings
@@ -49,11 +53,15 @@ class Gateway:
     @classmethod
     def build(cls, settings: Settings, *, clock: Callable[[], float] = time.monotonic) -> Gateway:
         listing = UpstreamsFile(settings.upstreams_file) if settings.upstreams_file is not None else None
-        urls = united(settings.upstreams, listing.load() if listing is not None else [])
-        if not urls:
+        entries = united(settings.upstreams, listing.load() if listing is not None else [])
+        if not entries:
             raise ValueError(
                 "no upstream configured: pass --upstream URL, set SWEETSPOT_UPSTREAMS or list them in upstreams_file"
             )
+        # The dns+ names join once resolved, before the first request (gateway.server.feedback.membership).
+        urls = [entry for entry in entries if not is_dns(entry)]
+        resolve_timeout_s = min(max(settings.discovery_interval_s, 1.0), 5.0)
+        dns = DnsUpstreams(make_resolver(settings.discovery_nameserver, resolve_timeout_s))
         metrics = GatewayMetrics()
         upstreams = [
             Upstream(
@@ -65,15 +73,20 @@ class Gateway:
             for index, url in enumerate(urls, start=1)
         ]
         router: PrefixRouter | None = None
-        if settings.routing != "least_loaded" and len(upstreams) > 1:
+        if settings.routing != "least_loaded" and (len(entries) > 1 or len(urls) < len(entries)):
             prefixes = PrefixMap(
                 max_entries=settings.routing_prefix_map_max, ttl_s=settings.routing_prefix_ttl_s, clock=clock
             )
             observer = MetricsObserver(metrics)
+            adapters = AdapterAffinity(  # reads the pool's scraped LoRA states once the pool exists (below)
+                _no_lora_state, weight=settings.routing_lora_weight, swap_penalty=settings.routing_lora_swap_penalty
+            )
             router = (
                 RandomRouter(prefixes, observer=observer)
                 if settings.routing == "random"
-                else PrefixRouter(prefixes, load_weight=settings.routing_load_weight, observer=observer)
+                else PrefixRouter(
+                    prefixes, load_weight=settings.routing_load_weight, observer=observer, adapters=adapters
+                )
             )
         tenants = TenantDirectory(settings, clock=clock, meters=metrics.tenants.meters)
         queue = AdmissionQueue(
@@ -82,6 +95,7 @@ class Gateway:
             max_queued_bytes=settings.max_queued_bytes,
             clock=clock,
             choose=None if router is None else router.choose,
+            routed_release=None if router is None else router.released,
             classes=len(settings.priority_classes),
             discipline=settings.queue_discipline,
             starvation_after=settings.starvation_after,
@@ -104,9 +118,16 @@ class Gateway:
             clock,
             router=router,
             upstreams_file=listing,
+            dns=dns,
         )
+        if router is not None and router.adapters is not None:
+            router.adapters.state_of = gateway.pool.lora_state
         _bind_metrics(gateway)
         return gateway
+
+
+def _no_lora_state(_: str) -> LoraState | None:
+    return None
 
 
 def _bind_metrics(gateway: Gateway) -> None:

@@ -23,6 +23,10 @@ rules, not from a formula:
   prefill skips them; filled prompt blocks are shared between sequences, stay cached after their last user
   finishes and are evicted, least recently freed first, when an allocation needs their room
   (:mod:`gateway.sim.prefix_cache`). A request without hashes neither hits nor fills the cache.
+* multi-LoRA (vLLM's ``--enable-lora``, :mod:`gateway.sim.lora`): a batch holds the requests of at most
+  ``max_loras`` distinct adapters; a waiting request for another adapter is skipped (it keeps its place at the
+  front of the queue) while the requests behind it may go, as vLLM's scheduler does; an adapter that is not
+  resident when scheduled is loaded, and the load lengthens that step.
 
 Stepping is cheap on purpose: a sequence is one small slotted object, a step is one pass over the
 running list, and nothing is allocated per token.
@@ -34,6 +38,7 @@ import math
 import random
 from collections import deque
 
+from gateway.sim.lora import AdapterCache, LoraConfig
 from gateway.sim.prefix_cache import PrefixCache
 from gateway.sim.profiles import Profile
 from gateway.sim.records import (
@@ -74,7 +79,13 @@ class Engine:
     """
 
     def __init__(
-        self, profile: Profile, *, seed: int = 0, eos_mean_tokens: float | None = None, prefix_caching: bool = True
+        self,
+        profile: Profile,
+        *,
+        seed: int = 0,
+        eos_mean_tokens: float | None = None,
+        prefix_caching: bool = True,
+        lora: LoraConfig | None = None,
     ) -> None:
         profile.validate()
         self.profile = profile
@@ -90,6 +101,7 @@ class Engine:
         self.used_blocks = 0
         self.prefix_caching = prefix_caching
         self.cache = PrefixCache()
+        self.adapters = AdapterCache(lora) if lora is not None else None  # None: LoRA not enabled
         self.scenario = Scenario()
         self.busy_until = float("-inf")  # end of the last step
         # counters, monotonic like vLLM's Prometheus counters
@@ -109,13 +121,17 @@ class Engine:
         *,
         ignore_eos: bool = False,
         block_hashes: tuple[int, ...] = (),
+        lora: str | None = None,
     ) -> int:
         """Queue a request; returns its sequence id. Raises :class:`InjectedError` per the error rate.
 
         ``block_hashes`` are the chained hashes of the prompt's full blocks
-        (:func:`gateway.sim.text.block_hashes`): what makes the request's prefix findable in the cache."""
+        (:func:`gateway.sim.text.block_hashes`): what makes the request's prefix findable in the cache.
+        ``lora`` names the adapter it runs with (one the server serves), None the base model."""
         if prompt_tokens < 1 or max_tokens < 1:
             raise ValueError("prompt_tokens and max_tokens must be >= 1")
+        if lora is not None and (self.adapters is None or not self.adapters.serves(lora)):
+            raise ValueError(f"LoRA adapter {lora!r} is not served")
         if prompt_tokens + max_tokens > self.profile.max_model_len:
             raise ValueError(
                 f"prompt ({prompt_tokens}) + max_tokens ({max_tokens}) exceeds max_model_len "
@@ -133,7 +149,7 @@ class Engine:
         sid = self._next_id
         self._next_id += 1
         hashes = block_hashes[: prompt_tokens // self._block_size] if self.prefix_caching else ()
-        seq = Sequence(sid, prompt_tokens, max_tokens, target, now, hashes)
+        seq = Sequence(sid, prompt_tokens, max_tokens, target, now, hashes, lora)
         self._seqs[sid] = seq
         self._waiting.append(seq)
         return sid
@@ -180,6 +196,14 @@ class Engine:
     @property
     def max_num_seqs(self) -> int:
         return self.scenario.max_num_seqs or self.profile.max_num_seqs
+
+    def running_adapters(self) -> list[str]:
+        """Distinct adapters of the running requests, in batch order (vLLM's ``running_lora_adapters``)."""
+        return list(dict.fromkeys(s.lora for s in self._running if s.lora is not None))
+
+    def waiting_adapters(self) -> list[str]:
+        """Distinct adapters of the waiting requests, in queue order (vLLM's ``waiting_lora_adapters``)."""
+        return list(dict.fromkeys(s.lora for s in self._waiting if s.lora is not None))
 
     def running_ids(self) -> list[int]:
         return [s.id for s in self._running]
@@ -289,8 +313,15 @@ class Engine:
         if not res.preempted:
             limit = self.max_num_seqs
             waiting = self._waiting
+            adapters = self.adapters
+            max_loras = adapters.max_loras if adapters is not None else 0
+            loras = {s.lora for s in running if s.lora is not None} if adapters is not None else set()
+            skipped: list[Sequence] = []  # waiting for an adapter slot: they keep their place at the front
             while waiting and budget > 0 and len(running) < limit:
                 seq = waiting[0]
+                if seq.lora is not None and seq.lora not in loras and len(loras) >= max_loras:
+                    skipped.append(waiting.popleft())
+                    continue
                 total = seq.prompt_len + seq.generated
                 hit = revived = 0
                 if seq.hashes:  # vLLM computes at least one token: a fully cached prompt redoes its last
@@ -321,10 +352,14 @@ class Engine:
                 self.used_blocks += own
                 seq.blocks = own
                 running.append(seq)
+                if seq.lora is not None:
+                    loras.add(seq.lora)
                 budget -= n
                 scheduled.append((seq, n))
                 kv += seq.computed + n
                 prefill += n
+            if skipped:
+                waiting.extendleft(reversed(skipped))
 
         if self.cache.free_blocks:
             self.cache.evict(self.total_blocks - self.used_blocks)
@@ -332,6 +367,9 @@ class Engine:
             return None if not res.finished and not res.preempted else res
 
         duration = self.profile.step_time(decode, prefill, kv) * self.scenario.speed_factor
+        if self.adapters is not None:
+            res.lora_load_s = self.adapters.activate(s.lora for s, _ in scheduled if s.lora is not None)
+            duration += res.lora_load_s
         end = start + duration
         res.end = end
         res.decode_seqs, res.prefill_tokens, res.kv_tokens = decode, prefill, kv

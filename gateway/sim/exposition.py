@@ -6,6 +6,13 @@ the ``_total`` suffix (and prometheus-client's ``_created``), and ``vllm:cache_c
 gauge fixed at 1 whose labels describe the KV cache. Deprecated names that vLLM now hides
 (``vllm:gpu_cache_usage_perc``, ``vllm:time_per_output_token_seconds``) are left out.
 
+With LoRA enabled, ``vllm:lora_requests_info`` is vLLM's too: a gauge set to the current (wall) time under the
+label set ``max_lora``, ``waiting_lora_adapters``, ``running_lora_adapters`` (comma-joined names) at every
+update; vLLM never removes an old label set, so its page holds the whole history, and a reader takes the newest
+series. The simulator keeps the :data:`LORA_INFO_SERIES_KEPT` newest to bound its memory. One series is the
+simulator's own, not vLLM's: ``sweetspot_sim_lora_loads_total``, the adapter loads scheduling caused (what a
+benchmark of LoRA routing counts; vLLM exports no such counter).
+
 The simulator has its own registry, so several simulators (or a gateway) can share one process
 in tests without name clashes. Latencies are observed in *wall-clock* seconds (engine time
 divided by the time scale), so what a client or a gateway in front measures and what this
@@ -13,6 +20,10 @@ exports agree at any ``--time-scale``.
 """
 
 from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -89,6 +100,8 @@ REQUEST_LATENCY_BUCKETS = (
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 FINISH_REASONS = ("stop", "length", "abort", "error")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: Label sets of ``vllm:lora_requests_info`` kept (vLLM keeps them all).
+LORA_INFO_SERIES_KEPT = 64
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
@@ -107,7 +120,15 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
 class VllmMetrics:
     """The series a vLLM server exports, bound to one model name and engine index 0."""
 
-    def __init__(self, profile: Profile, model_name: str, *, prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        model_name: str,
+        *,
+        prefix_caching: bool = True,
+        max_loras: int | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         names = ["model_name", "engine"]
@@ -189,10 +210,43 @@ class VllmMetrics:
             "Histogram of time spent in DECODE phase for request.",
             REQUEST_LATENCY_BUCKETS,
         )
+        self.lora_info: Gauge | None = None
+        self.lora_loads: Counter | None = None
+        self._max_lora = str(max_loras or 0)
+        self._lora_sets: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._wall_clock = wall_clock
+        if max_loras:
+            self.lora_info = Gauge(
+                "vllm:lora_requests_info",
+                "Running stats on lora requests.",
+                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                multiprocess_mode="sum",
+                registry=r,
+            )
+            self.lora_loads = Counter(
+                "sweetspot_sim_lora_loads",
+                "Simulator only (not a vLLM series): LoRA adapters loaded because a batch needed one not resident.",
+                registry=r,
+            )
+            self.set_lora([], [])  # an idle server's page shows the empty label set
         info = cache_config_labels(profile, prefix_caching=prefix_caching)
         Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info), registry=r).labels(
             **info
         ).set(1)
+
+    def set_lora(self, running: Sequence[str], waiting: Sequence[str]) -> None:
+        """vLLM's ``set_to_current_time`` on the label set of the adapters running and waiting now."""
+        gauge = self.lora_info
+        if gauge is None:
+            return
+        key = (",".join(waiting), ",".join(running))
+        gauge.labels(self._max_lora, *key).set(self._wall_clock())
+        sets = self._lora_sets
+        sets[key] = None
+        sets.move_to_end(key)
+        while len(sets) > LORA_INFO_SERIES_KEPT:
+            old, _ = sets.popitem(last=False)
+            gauge.remove(self._max_lora, *old)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,9 +1,11 @@
 """The simulator's HTTP face: vLLM's OpenAI-compatible server, backed by the pure engine.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (stream and non-stream),
-``POST /v1/embeddings``, ``GET /v1/models``, ``GET /health``, ``GET /version``, ``GET /metrics``,
-and, only when built with ``admin=True``, ``GET|POST /admin/scenario`` to change the backend
-under a running client (slower, smaller KV cache, failing, stalled).
+``POST /v1/embeddings``, ``GET /v1/models``, ``GET /health``, ``GET /version``, ``GET /metrics``; with LoRA
+enabled (``SimConfig.lora``) vLLM's ``POST /v1/load_lora_adapter`` and ``POST /v1/unload_lora_adapter``, and each
+adapter is a model name of its own (:mod:`gateway.sim.lora`); and, only when built with ``admin=True``,
+``GET|POST /admin/scenario`` to change the backend under a running client (slower, smaller KV cache, failing,
+stalled).
 
 A client that disconnects aborts its sequence, freeing its KV at once, as vLLM does: for streams
 Starlette cancels the response generator, for whole responses a watcher waits for the ASGI
@@ -30,6 +32,7 @@ from gateway.common.asgi_server import serve_app
 from gateway.sim import shapes, text
 from gateway.sim.engine import Engine, InjectedError
 from gateway.sim.exposition import CONTENT_TYPE, VllmMetrics
+from gateway.sim.lora import LoraConfig
 from gateway.sim.profiles import Profile
 from gateway.sim.protocol import (
     BadRequest,
@@ -51,6 +54,7 @@ class SimConfig:
     eos_mean_tokens: float | None = None
     api_key: str | None = None  # like vLLM's --api-key: /v1/* routes then need ``Bearer <key>``
     prefix_caching: bool = True  # vLLM V1's default; False is its --no-enable-prefix-caching
+    lora: LoraConfig | None = None  # vLLM's --enable-lora and its options; None: no adapters
 
     @property
     def served_model(self) -> str:
@@ -62,9 +66,18 @@ def create_sim_app(config: SimConfig) -> FastAPI:
     profile = config.profile
     served = config.served_model
     engine = Engine(
-        profile, seed=config.seed, eos_mean_tokens=config.eos_mean_tokens, prefix_caching=config.prefix_caching
+        profile,
+        seed=config.seed,
+        eos_mean_tokens=config.eos_mean_tokens,
+        prefix_caching=config.prefix_caching,
+        lora=config.lora,
     )
-    metrics = VllmMetrics(profile, served, prefix_caching=config.prefix_caching)
+    metrics = VllmMetrics(
+        profile,
+        served,
+        prefix_caching=config.prefix_caching,
+        max_loras=config.lora.max_loras if config.lora is not None else None,
+    )
     state: dict[str, EngineRunner] = {}
     created = int(time.time())
 
@@ -98,11 +111,17 @@ def create_sim_app(config: SimConfig) -> FastAPI:
 
     async def _generate(request: Request, chat: bool) -> Response:
         req = parse_generation(
-            await _json(request), chat=chat, served_model=served, max_model_len=profile.max_model_len
+            await _json(request),
+            chat=chat,
+            served_model=served,
+            max_model_len=profile.max_model_len,
+            adapters=engine.adapters if engine.adapters is not None else (),
         )
         try:
             hashes = text.block_hashes(req.prompt_ids, profile.block_size) if config.prefix_caching else ()
-            handle = runner().submit(req.prompt_tokens, req.max_tokens, ignore_eos=req.ignore_eos, block_hashes=hashes)
+            handle = runner().submit(
+                req.prompt_tokens, req.max_tokens, ignore_eos=req.ignore_eos, block_hashes=hashes, lora=req.lora
+            )
         except InjectedError as exc:
             status = engine.scenario.error_status
             kind = "ServiceUnavailableError" if status == 503 else "InternalServerError"
@@ -113,7 +132,7 @@ def create_sim_app(config: SimConfig) -> FastAPI:
         return await _whole(request, handle, req, base_id)
 
     async def _stream(handle: Handle, req: GenerationRequest, base_id: str | None) -> AsyncIterator[str]:
-        fmt = shapes.StreamFormat(chat=req.chat, model=served, base_id=base_id)
+        fmt = shapes.StreamFormat(chat=req.chat, model=req.lora or served, base_id=base_id)
         sent = 0
         try:
             if req.chat:
@@ -171,7 +190,9 @@ def create_sim_app(config: SimConfig) -> FastAPI:
             )
         body_text = text.generated_text(req.seed, handle.ready)
         build = shapes.chat_response if req.chat else shapes.completion_response
-        return JSONResponse(build(served, body_text, handle.finish_reason, req.prompt_tokens, handle.ready, base_id))
+        return JSONResponse(
+            build(req.lora or served, body_text, handle.finish_reason, req.prompt_tokens, handle.ready, base_id)
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -308,7 +329,11 @@ def create_sim_app(config: SimConfig) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> Response:
-        return JSONResponse(shapes.models_response(served, profile.model, profile.max_model_len, created))
+        adapters = engine.adapters.adapters() if engine.adapters is not None else None
+        return JSONResponse(shapes.models_response(served, profile.model, profile.max_model_len, created, adapters))
+
+    if engine.adapters is not None:
+        _add_lora_routes(app, engine)
 
     @app.get("/health")
     async def health() -> Response:
@@ -325,6 +350,46 @@ def create_sim_app(config: SimConfig) -> FastAPI:
     if config.admin:
         _add_admin_routes(app, engine, runner)
     return app
+
+
+def _add_lora_routes(app: FastAPI, engine: Engine) -> None:
+    """vLLM's run-time adapter endpoints (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``), with its bodies, answers and
+    errors: 200 with a plain-text sentence, 400 for a missing field or a name already loaded, 404 for unloading a
+    name not loaded."""
+    adapters = engine.adapters
+    assert adapters is not None
+
+    def error(message: str, kind: str, status: int) -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise BadRequest("request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        return body
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        body = await body_of(request)
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path or not isinstance(name, str) or not isinstance(path, str):
+            return error("Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput", 400)
+        if not adapters.register(name, path):
+            return error(f"The lora adapter '{name}' has already been loaded.", "InvalidUserInput", 400)
+        return Response(f"Success: LoRA adapter '{name}' added successfully.", 200)
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        body = await body_of(request)
+        name = body.get("lora_name")
+        if not name or not isinstance(name, str):
+            return error("'lora_name' needs to be provided to unload a LoRA adapter.", "InvalidUserInput", 400)
+        if not adapters.unregister(name):
+            return error(f"The lora adapter '{name}' cannot be found.", "NotFoundError", 404)
+        return Response(f"Success: LoRA adapter '{name}' removed successfully.", 200)
 
 
 class _RequireApiKey:

@@ -7,6 +7,7 @@ error type and a message a client can act on.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,18 +39,25 @@ class GenerationRequest:
     ignore_eos: bool
     seed: int  # text seed: same prompt, same words
     prompt_ids: list[int]  # the prompt's token ids (gateway.sim.text), what prefix caching hashes
+    lora: str | None = None  # the LoRA adapter the request names; None: the base model
 
 
-def check_model(body: dict[str, Any], served: str) -> None:
+def check_model(body: dict[str, Any], served: str, adapters: Container[str] = ()) -> str | None:
+    """The adapter a body's ``model`` names (None: the base model, or no model given); 404 for any other name."""
     model = body.get("model")
-    if model is not None and model != served:
-        raise BadRequest(f"The model `{model}` does not exist.", param="model", status=404)
+    if model is None or model == served:
+        return None
+    if isinstance(model, str) and model in adapters:
+        return model
+    raise BadRequest(f"The model `{model}` does not exist.", param="model", status=404)
 
 
-def parse_generation(body: Any, *, chat: bool, served_model: str, max_model_len: int) -> GenerationRequest:
+def parse_generation(
+    body: Any, *, chat: bool, served_model: str, max_model_len: int, adapters: Container[str] = ()
+) -> GenerationRequest:
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    check_model(body, served_model)
+    lora = check_model(body, served_model, adapters)
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
@@ -107,6 +115,7 @@ def parse_generation(body: Any, *, chat: bool, served_model: str, max_model_len:
         ignore_eos=bool(body.get("ignore_eos")),
         seed=seed,
         prompt_ids=prompt_ids,
+        lora=lora,
     )
 
 

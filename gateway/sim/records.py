@@ -36,6 +36,7 @@ class Sequence:
         "hashes",
         "id",
         "last_token_at",
+        "lora",
         "max_tokens",
         "preemptions",
         "prompt_len",
@@ -45,7 +46,14 @@ class Sequence:
     )
 
     def __init__(
-        self, sid: int, prompt_len: int, max_tokens: int, target_len: int, arrival: float, hashes: tuple[int, ...] = ()
+        self,
+        sid: int,
+        prompt_len: int,
+        max_tokens: int,
+        target_len: int,
+        arrival: float,
+        hashes: tuple[int, ...] = (),
+        lora: str | None = None,
     ):
         self.id = sid
         self.prompt_len = prompt_len
@@ -65,6 +73,7 @@ class Sequence:
         self.hashes = hashes  # chained hashes of the prompt's full blocks (prefix caching); empty: none
         self.cached: list[int] = []  # leading hashes whose blocks it holds through the prefix cache
         self.cached_tokens = 0  # prompt tokens found in the prefix cache when it was last scheduled
+        self.lora = lora  # the LoRA adapter it runs with; None: the base model
 
     @property
     def finished(self) -> bool:
@@ -90,6 +99,7 @@ class StepResult:
     decode_seqs: int = 0
     prefill_tokens: int = 0
     kv_tokens: int = 0
+    lora_load_s: float = 0.0  # of the step's duration, the time spent loading adapters that were not resident
 
     @property
     def duration(self) -> float:

@@ -72,6 +72,7 @@ class EngineRunner:
         self._seen_preemptions = 0
         self._seen_prompt = 0
         self._seen_prefix = (0, 0)  # prefix-cache queries and hits already exported
+        self._seen_lora_loads = 0
 
     # ------------------------------------------------------------- clocks
     def vnow(self) -> float:
@@ -93,13 +94,21 @@ class EngineRunner:
 
     # ------------------------------------------------------------- requests
     def submit(
-        self, prompt_tokens: int, max_tokens: int, *, ignore_eos: bool, block_hashes: tuple[int, ...] = ()
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        *,
+        ignore_eos: bool,
+        block_hashes: tuple[int, ...] = (),
+        lora: str | None = None,
     ) -> Handle:
         """Queue a request (may raise ``InjectedError`` or ``ValueError`` from the engine)."""
         now = self.vnow()
         if self._stepping and self.engine.busy_until < now:
             now = self.engine.busy_until  # the engine is behind; do not arrive after its next step
-        sid = self.engine.submit(prompt_tokens, max_tokens, now, ignore_eos=ignore_eos, block_hashes=block_hashes)
+        sid = self.engine.submit(
+            prompt_tokens, max_tokens, now, ignore_eos=ignore_eos, block_hashes=block_hashes, lora=lora
+        )
         handle = Handle(sid, prompt_tokens, max_tokens)
         self._handles[sid] = handle
         m = self.metrics
@@ -190,6 +199,10 @@ class EngineRunner:
             m.prefix_queries.inc(prefix[0] - self._seen_prefix[0])
             m.prefix_hits.inc(prefix[1] - self._seen_prefix[1])
             self._seen_prefix = prefix
+        adapters = engine.adapters
+        if adapters is not None and m.lora_loads is not None and adapters.loads_total != self._seen_lora_loads:
+            m.lora_loads.inc(adapters.loads_total - self._seen_lora_loads)
+            self._seen_lora_loads = adapters.loads_total
         if engine.num_preemptions != self._seen_preemptions:
             m.preemptions.inc(engine.num_preemptions - self._seen_preemptions)
             self._seen_preemptions = engine.num_preemptions
@@ -228,3 +241,5 @@ class EngineRunner:
         m.running.set(e.num_running)
         m.waiting.set(e.num_waiting)
         m.kv_usage.set(e.kv_usage)
+        if e.adapters is not None:
+            m.set_lora(e.running_adapters(), e.waiting_adapters())

@@ -172,34 +172,44 @@ def completion_response(
     }
 
 
-def models_response(served_name: str, root: str, max_model_len: int, created: int) -> dict[str, Any]:
+def models_response(
+    served_name: str,
+    root: str,
+    max_model_len: int,
+    created: int,
+    adapters: list[tuple[str, str]] | None = None,
+) -> dict[str, Any]:
+    """vLLM's model list: the base model, then each LoRA adapter as vLLM's ``show_available_models`` lists it
+    (``id`` its name, ``root`` its path, ``parent`` the base model, no ``max_model_len``)."""
+    base = _model_card(served_name, root, None, created)
+    base["max_model_len"] = max_model_len
+    cards = [base] + [_model_card(name, path, served_name, created) for name, path in adapters or []]
+    return {"object": "list", "data": cards}
+
+
+def _model_card(model_id: str, root: str, parent: str | None, created: int) -> dict[str, Any]:
     return {
-        "object": "list",
-        "data": [
+        "id": model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": root,
+        "parent": parent,
+        "max_model_len": None,
+        "permission": [
             {
-                "id": served_name,
-                "object": "model",
+                "id": request_id("modelperm"),
+                "object": "model_permission",
                 "created": created,
-                "owned_by": "vllm",
-                "root": root,
-                "parent": None,
-                "max_model_len": max_model_len,
-                "permission": [
-                    {
-                        "id": request_id("modelperm"),
-                        "object": "model_permission",
-                        "created": created,
-                        "allow_create_engine": False,
-                        "allow_sampling": True,
-                        "allow_logprobs": True,
-                        "allow_search_indices": False,
-                        "allow_view": True,
-                        "allow_fine_tuning": False,
-                        "organization": "*",
-                        "group": None,
-                        "is_blocking": False,
-                    }
-                ],
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
             }
         ],
     }

@@ -471,6 +471,15 @@ class GatewayMetrics:
             "Prompt-prefix chunks the router remembers (bounded by routing_prefix_map_max).",
             registry=r,
         )
+        self.routing_adapter_decisions = Counter(
+            "sweetspot_routing_adapter_decisions",
+            "LoRA adapters' requests routed among several upstreams with room, by where the adapter stood on the "
+            "chosen one: running (it joins the batch), resident (it ran there recently), cold (a free adapter slot, "
+            "likely a load), swap (max_lora other adapters ran there: it waits for one to drain; every upstream "
+            "with room was so). swap counts the adapter swaps routing caused.",
+            ["placement"],
+            registry=r,
+        )
 
         self.tenants = TenantMetrics(r)
 

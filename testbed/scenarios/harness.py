@@ -29,15 +29,19 @@ from gateway.control.algorithm import LimitAlgorithm, RequestObserver
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.controller import UpstreamControl
 from gateway.control.knee_search.capacity import Footprint, kv_cap
+from gateway.control.knee_search.kv_estimate import PromptEstimates, admission_cap
 from gateway.control.observation import Headroom, LimiterState
 from gateway.control.share import Entry, Peers
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
 from gateway.server.admission.fair_queue import Discipline, FairQueue
+from gateway.server.admission.prompt_size import estimated_kv_tokens
 from gateway.server.admission.reserve import Reserve
 from gateway.server.admission.tenants import Tenant
+from gateway.server.routes.validation import ChatRequest
 from gateway.settings import Settings
 from gateway.sim.engine import Engine, InjectedError, StepResult
 from gateway.sim.profiles import Profile
+from gateway.sim.text import CHAT_TOKENS_PER_MESSAGE, CHAT_TOKENS_REPLY, text_of_tokens
 
 RETRY_AFTER_ERROR_S = 1.0  # a client whose request failed tries again after this (as an SDK backs off)
 # The modes in which a scrape reads the backend, and the KV usage each reports (None: the true one).
@@ -192,6 +196,10 @@ class _Gateway:
         self.reserve = Reserve(0.0)
         self.admitted_over = 0  # admissions that took in-flight above the limit (the rules allow none)
         self.footprint: Footprint | None = None  # the last known, as ``Upstream.request_footprint`` keeps it
+        self.estimates = PromptEstimates()  # the admitted requests' KV, estimated from their text (``Upstream``)
+        # The built-in controller takes the KV cap from the estimates before each admission, as the gateway
+        # holds it (``Upstream.admitting``); the baselines and static limits never read a hard cap.
+        self.holds_kv_cap = False
         if tenancy is not None:
             self.fair = FairQueue(
                 tenancy.classes, discipline=tenancy.discipline, starvation_after=tenancy.starvation_after
@@ -243,7 +251,8 @@ class Harness:
     controller when that is given (the comparison baselines). An algorithm that is also a
     :class:`RequestObserver` hears of every request as it ends, and its answer is applied at once. Each
     gateway's hard cap is the KV cache's, worked out as the gateway does from the published cache size and
-    its recent requests, unless ``hard_cap`` fixes one.
+    its recent requests (before any has finished, from the admitted requests' sizes estimated from their
+    bodies, and then before each admission too: ``_admitting``), unless ``hard_cap`` fixes one.
     """
 
     def __init__(
@@ -288,6 +297,7 @@ class Harness:
                 )
             limit = static_limit if static_limit is not None else control.limit  # type: ignore[union-attr]
             self.gateways.append(_Gateway(g, limit, config.window_s, control, tenancy))
+            self.gateways[-1].holds_kv_cap = control is not None and algorithm is None
         self.trace = Trace()
         self.now = 0.0
         self.conditions: Conditions | None = None
@@ -383,6 +393,7 @@ class Harness:
         self._busy[g].add(client)
         gw = self.gateways[g]
         request = _Request(g, client, prompt, output, arrived=self.now, streamed=streamed)
+        self._admitting(gw, request)
         if self.tenancy is not None:
             request.tenant = gw.holder(self.tenancy.of(client))
             if not request.tenant.queued and gw.room(request.tenant):  # as the gateway's fast path
@@ -390,6 +401,27 @@ class Harness:
                 return
         gw.push(request)
         self._dispatch(gw)
+
+    def _admitting(self, gw: _Gateway, request: _Request) -> None:
+        """Before a request's admission, as the gateway's request path (``Upstream.admitting``): until a
+        footprint is measured, its KV estimated from its body joins the admitted requests', and the limit comes
+        down to what the published cache holds of them. The body is the one a client would send the
+        simulator for this prompt: one user message whose text the simulator counts as the request's prompt
+        tokens (``gateway.sim.text``), and ``max_tokens`` its answer's length (as a benchmark that sets
+        ``ignore_eos``), read by the gateway's own estimate."""
+        if gw.footprint is not None:
+            return
+        text = text_of_tokens(max(request.prompt - CHAT_TOKENS_PER_MESSAGE - CHAT_TOKENS_REPLY, 1))
+        body = ChatRequest(model="sim", messages=[{"role": "user", "content": text}], max_tokens=request.output)
+        tokens = estimated_kv_tokens(body)
+        if tokens is None:
+            return
+        gw.estimates.note(tokens)
+        if gw.holds_kv_cap and self._kv_published is not None:
+            capacity, block = self._kv_published
+            lowered = admission_cap(gw.limit, capacity, block, gw.estimates)
+            if lowered is not None:
+                gw.limit = lowered
 
     def _dispatch(self, gw: _Gateway) -> None:
         while gw.inflight < gw.limit:
@@ -510,12 +542,13 @@ class Harness:
     def _kv_cap(self, gw: _Gateway) -> int | None:
         """The gateway's hard cap from the KV cache, worked out as ``control_loop.hard_cap`` does from what
         vLLM publishes (``vllm:cache_config_info``: the profile's blocks, not a shrunk pool's) and the
-        gateway's recent requests."""
+        gateway's recent requests, or their estimates while none has finished."""
         gw.footprint = Footprint.update(gw.footprint, gw.window.samples(self.now))
-        if self._kv_published is None or gw.footprint is None:
+        footprint = gw.footprint if gw.footprint is not None else gw.estimates.footprint()
+        if self._kv_published is None or footprint is None:
             return None
         capacity, block = self._kv_published
-        return kv_cap(capacity, block, gw.footprint)
+        return kv_cap(capacity, block, footprint)
 
     def _peers(self, g: int, gw: _Gateway) -> Peers | None:
         """Publish this gateway's demand and limit on the board, and read the others' back."""
@@ -544,6 +577,8 @@ class Harness:
         gw.limit = gw.control.limit
         gw.window = SlidingWindow(self.config.window_s)
         gw.footprint = None
+        gw.estimates = PromptEstimates()
+        gw.holds_kv_cap = self._algorithm is None
         self.gone.discard(g)
         if self.board is not None:
             self.board.pop(g, None)

@@ -3,7 +3,8 @@
 The quick variant drives the same code path as ``make demo`` (simulator, sweep, gateway started from
 the sweep's result, the five load phases, summary, plot, JSON), only shorter. These tests check that it
 runs to the end with plain output, that its summary and JSON say what the demo is for, and that no
-child process outlives it, whether it ends normally or by Ctrl-C.
+child process outlives it, whether it ends normally or by Ctrl-C; and that ``--quick --elastic`` shows a second
+simulator joining the running gateway.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from gateway.settings import Settings
 from gateway.sweep.result import load_sweep_result
 
 ANSI = re.compile(r"\x1b\[")
@@ -102,6 +104,68 @@ def test_quick_demo_runs_to_the_end_without_a_terminal(tmp_path: Path) -> None:
     assert (out / "sweep" / "sweep.png").exists() and (out / "sweep" / "sweep.md").exists()
     assert "listening on" in (out / "gateway.log").read_text()
     assert set(doc["pids"]) == {"sim", "gateway"}
+    assert not any(_alive(pid) for pid in doc["pids"].values()), f"child processes left running: {doc['pids']}"
+
+
+def test_quick_elastic_demo_shows_a_backend_joining(tmp_path: Path) -> None:
+    """``--quick --elastic``: open-loop arrivals over one simulator's capacity, then a second simulator listed in the
+    gateway's upstreams file joins the running gateway (the same discovery path as production), at its sibling's
+    limit; the capacity signal is read from /metrics; the final tables and demo.json report the join."""
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [*DEMO, "--elastic", "--out", str(out), "--print-every", "3"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=300,
+        text=True,
+    )
+    text = proc.stdout
+    assert proc.returncode == 0, text[-4000:]
+    assert not ANSI.search(text)
+    for expected in (
+        "second simulator listening on",
+        "phase 1/2: one backend",
+        "listed backend-2",
+        "phase 2/2: second joins",
+        "capacity signal: desired",
+        "the pool (steady part of each phase)",
+        "each upstream (steady part of each phase)",
+        "backend-2 joined at",
+        "result: backend-2 joined the running gateway; no client request failed",
+    ):
+        assert expected in text, f"{expected!r} missing from the demo's output:\n{text[-4000:]}"
+
+    doc = json.loads((out / "demo.json").read_text())
+    elastic = doc["elastic"]
+    sim2 = next(url for url, label in elastic["labels"].items() if label == "backend-2")
+    assert (out / "upstreams.txt").read_text().split("\n")[1:3] == list(elastic["labels"]), "both listed at the end"
+    (join,) = elastic["joins"]
+    assert join["label"] == "backend-2" and join["joined_at_s"] is not None, join
+    # the gateway checks the file every discovery_interval_s (2.5 s at 2x): the join follows the write within a
+    # few checks even on a loaded machine, and not before it
+    assert 0 <= join["delay_s"] < 15, join
+    # its controller started at its sibling's limit (the gateway logs the limit it gave it), not in slow start
+    logged = re.search(r"joined \(healthy\) at limit (\d+) \(its siblings' median\)", (out / "gateway.log").read_text())
+    assert logged, "the gateway did not log the join at its siblings' median"
+    assert join["start_limit"] == int(logged.group(1)) > Settings().initial_limit, (join, logged.group(0))
+    # the pool before and after, per phase and per upstream
+    assert [p["name"] for p in elastic["pool"]] == ["one backend", "second joins"]
+    assert join["before"]["serving"] == 1 and join["after"]["serving"] == 2, join
+    rows = {(u["phase"], u["label"]) for u in elastic["upstreams"]}
+    assert rows == {("one backend", "backend-1"), ("second joins", "backend-1"), ("second joins", "backend-2")}
+    joined = [u for s in doc["timeline"] for u in s["upstreams"] if u["url"] == sim2]
+    assert max(u["inflight"] or 0 for u in joined) > 0, "the joined simulator never ran a request"
+    # arrivals over one backend's capacity: the queue built up before the join, and the capacity signal asked
+    # for more backends than served at some point (its desired figure is absent until a backend was measured)
+    before = [s for s in doc["timeline"] if s["phase"] == 0]
+    assert max(s["queued"] or 0 for s in before) > 0, f"the arrivals before the join never queued:\n{text[-3000:]}"
+    assert all(s["arrivals_per_s"] and s["signal"] for s in doc["timeline"])
+    desired = [s["signal"]["desired"] for s in doc["timeline"] if s["signal"]["desired"] is not None]
+    assert desired and max(desired) >= 2, f"the capacity signal never asked for a second backend:\n{text[-3000:]}"
+    assert doc["timeline"][-1]["failed"] == 0, "no client request may fail while a backend joins"
+    assert (out / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(doc["pids"]) == {"sim", "sim-2", "gateway"}
     assert not any(_alive(pid) for pid in doc["pids"].values()), f"child processes left running: {doc['pids']}"
 
 

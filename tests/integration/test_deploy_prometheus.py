@@ -215,6 +215,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "SWEETSPOT_CONTROL_INTERVAL_S": "0.5",
             "SWEETSPOT_METRICS_INTERVAL_S": "0.5",
             "SWEETSPOT_HEALTH_INTERVAL_S": "0.5",
+            # The capacity signal counts a backend's capacity once its limit has bound for a whole window: a 2 s
+            # window lets the 6 s of over-limit load measure it, so the "Capacity and scaling" panels have data.
+            "SWEETSPOT_WINDOW_S": "2",
             "SWEETSPOT_SWEEP_RESULT": str(tmp / "sweep" / "sweep.json"),
         }
         with start_process(sweetspot("serve"), env=env, ready_pattern=LISTENING, ready_url="{url}/readyz") as gateway:
@@ -292,6 +295,8 @@ def grafana(expr: str, upstream: str) -> str:
         ("$__interval", f"{SCRAPE_S}s"),
         ("${upstream}", upstream),
         ("$upstream", upstream),
+        ("${model}", ".*"),
+        ("$model", ".*"),
     ):
         expr = expr.replace(var, value)
     assert "$" not in expr, f"unreplaced template variable in {expr!r}"

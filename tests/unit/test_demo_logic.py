@@ -1,19 +1,44 @@
 """The demo's pure parts: the script and its scaling, each phase's reference, timeline rows read from
-``/state`` documents of any shape, and the per-phase verdicts."""
+``/state`` documents of any shape, and the per-phase verdicts; for ``--elastic``, the capacity signal read from
+the gateway's real exposition, every upstream's row, and the join found in the timeline."""
 
 from __future__ import annotations
 
-import pytest
+from dataclasses import replace
 
-from gateway.demo.reference import reference_for, slowed_level
-from gateway.demo.script import DEFAULT, QUICK, gateway_env, is_judged, scaled_slo
+import pytest
+from prometheus_client import generate_latest
+from rich.console import Console
+
+from gateway.demo.elastic import find_join, join_lines, pool_table, summarize_elastic, upstream_table
+from gateway.demo.reference import backend_requests_per_s, reference_for, slowed_level
+from gateway.demo.script import (
+    DEFAULT,
+    ELASTIC,
+    QUICK,
+    QUICK_ELASTIC,
+    Script,
+    arrival_rate,
+    gateway_env,
+    is_judged,
+    scaled_slo,
+)
 from gateway.demo.summary import MISS, NO_DATA, NOT_JUDGED, PASS, overall, summarize
-from gateway.demo.timeline import Sample, build_sample
+from gateway.demo.timeline import (
+    Sample,
+    SignalSample,
+    UpstreamSample,
+    build_sample,
+    read_signal,
+    signal_sample,
+)
+from gateway.demo.view import plain_line, signal_text, upstreams_text
 from gateway.settings import Settings
 from gateway.sweep.finder import find_sweet_spot, judge
 from gateway.sweep.live import LiveStats
 from gateway.sweep.loadgen import PoolStats
 from gateway.sweep.result import SLO, LevelMetrics, ServerInfo, Stats, SweepResult, SweepSettings
+from gateway.telemetry.metrics import GatewayMetrics
 
 # tokens/s, p99 TTFT ms, p99 TPOT ms, shaped like the default profile at 2x (sweet spot 32 at 90%)
 CURVE = {8: (1070, 30, 8), 16: (1740, 47, 9), 24: (2100, 57, 12), 32: (2190, 59, 15), 48: (2350, 97, 20)}
@@ -232,3 +257,205 @@ def test_an_unjudged_phase_says_when_the_limit_throttled_a_demand_under_the_swee
     (calm,) = summarize(phases, samples, refs)
     assert calm.verdict == NOT_JUDGED
     assert "sat below the demand" in calm.note and "3 requests queued" in calm.note
+
+
+# --- the elastic variant (sweetspot demo --elastic) ---------------------------------------------------------
+
+
+def test_elastic_script_is_open_loop_with_one_join_after_a_phase_long_enough_to_measure_capacity() -> None:
+    for script in (ELASTIC, QUICK_ELASTIC):
+        assert script.open_loop and script.elastic
+        assert [p.join for p in script.phases] == [False, True]
+        # more arrivals than one backend delivers at its sweet spot, in both phases: the queue grows before the join
+        assert all(p.rate_x > 1 for p in script.phases)
+        # the capacity counts after the limit bound for a whole window (window_s, scaled 2x): the phase before
+        # the join outlasts it with room for the queue to build first
+        window = Settings.model_fields["window_s"].default / 2.0
+        assert script.phases[0].duration_s >= 2 * window
+    assert not DEFAULT.open_loop and not DEFAULT.elastic and not QUICK.elastic
+    assert QUICK_ELASTIC.sweep_levels == QUICK.sweep_levels and QUICK_ELASTIC.load_s < ELASTIC.load_s
+    with pytest.raises(ValueError, match="all open loop"):
+        Script(phases=(DEFAULT.phases[0], ELASTIC.phases[0]), sweep_levels=(8,), sweep_measure_s=1.0)
+
+
+def test_arrival_rate_is_a_multiple_of_one_backends_requests_per_second() -> None:
+    assert arrival_rate(ELASTIC.phases[0], 10.0) == pytest.approx(10.0 * ELASTIC.phases[0].rate_x)
+    with pytest.raises(ValueError):
+        arrival_rate(DEFAULT.phases[0], 10.0)  # closed loop
+    with pytest.raises(ValueError):
+        arrival_rate(ELASTIC.phases[0], 0.0)
+
+
+def test_backend_requests_per_s_is_the_best_level_within_the_objectives() -> None:
+    result = sweep()  # sweet spot 32; 48 is the peak of tokens/s
+    rates = {8: 7.0, 16: 12.0, 24: 15.0, 32: 17.5, 48: 18.2}
+    levels = [lv.model_copy(update={"requests_per_s": rates[lv.concurrency]}) for lv in result.levels]
+    assert backend_requests_per_s(result.model_copy(update={"levels": levels})) == 18.2
+    # a level over an objective does not count, however fast
+    levels[-1] = levels[-1].model_copy(update={"slo_met": False, "requests_per_s": 30.0})
+    assert backend_requests_per_s(result.model_copy(update={"levels": levels})) == 17.5
+    missed = [lv.model_copy(update={"slo_met": False}) for lv in levels]
+    assert backend_requests_per_s(result.model_copy(update={"levels": missed})) is None
+
+
+def test_elastic_env_scales_discovery_and_the_scale_down_hold_too() -> None:
+    plain, elastic = gateway_env(2.0), gateway_env(2.0, elastic=True)
+    assert "SWEETSPOT_DISCOVERY_INTERVAL_S" not in plain  # the default demo's environment is unchanged
+    assert set(elastic) - set(plain) == {"SWEETSPOT_DISCOVERY_INTERVAL_S", "SWEETSPOT_SCALE_DOWN_AFTER_S"}
+    defaults = Settings.model_fields
+    assert float(elastic["SWEETSPOT_DISCOVERY_INTERVAL_S"]) == defaults["discovery_interval_s"].default / 2
+    settings = Settings(**{key.removeprefix("SWEETSPOT_").lower(): value for key, value in elastic.items()})
+    assert settings.scale_down_after_s == defaults["scale_down_after_s"].default / 2
+
+
+A, B = "http://127.0.0.1:1001", "http://127.0.0.1:1002"
+LABELS = {A: "backend-1", B: "backend-2"}
+
+
+def exposition(desired: int | None, serving: int, capacity: dict[str, float], model: str = "m") -> str:
+    """The gateway's own /metrics text, from its real registry, with the capacity signal's gauges set."""
+    metrics = GatewayMetrics()
+    if desired is not None:
+        metrics.upstreams_desired.labels(model).set(desired)
+    metrics.upstreams_serving.labels(model).set(serving)
+    metrics.demand_requests.labels(model).set(23.4)
+    metrics.upstreams_serving.labels("other-model").set(7)
+    for url, rps in capacity.items():
+        metrics.upstream_capacity_requests.labels(url, model).set(rps)
+        metrics.upstream_capacity_tokens.labels(url, model).set(rps * 128)
+    if capacity:
+        metrics.pool_capacity_requests.labels(model).set(sorted(capacity.values())[0])
+    return generate_latest(metrics.registry).decode()
+
+
+def test_read_signal_takes_the_models_gauges_and_leaves_absent_ones_out() -> None:
+    found = read_signal(exposition(2, 1, {A: 18.0}), "m")
+    assert found["sweetspot_upstreams_desired"] == {"": 2.0}
+    assert found["sweetspot_upstreams_serving"] == {"": 1.0}  # not the other model's 7
+    assert found["sweetspot_upstream_capacity_requests_per_second"] == {A: 18.0}
+    assert "sweetspot_pool_capacity_tokens_per_second" not in found  # never set: absent, not 0
+    unmeasured = signal_sample(read_signal(exposition(None, 1, {}), "m"))
+    assert unmeasured.desired is None and unmeasured.pool_requests_per_s is None and unmeasured.serving == 1
+    assert unmeasured.demand_requests_per_s == pytest.approx(23.4)
+    assert read_signal(None, "m") == {} and read_signal("garbage{{{ 1", "m") == {}
+
+
+def test_elastic_sample_lists_every_upstream_with_its_capacity() -> None:
+    state = {
+        "queue": {"depth": 5},
+        "upstreams": [
+            {"url": A, "limit": 30, "inflight": 30, "window": WINDOW, "controller": {"limit": 32}},
+            {"url": B, "limit": 30, "inflight": 3, "healthy": True, "retiring": False},
+            {"url": 7},
+        ],
+    }
+    s = build_sample(
+        3.0,
+        1,
+        state,
+        None,
+        LIVE,
+        POOL,
+        arrivals_per_s=22.5,
+        labels=LABELS,
+        metrics=exposition(2, 2, {A: 18.0}),
+        model="m",
+    )
+    assert s.arrivals_per_s == 22.5 and s.signal is not None and (s.signal.desired, s.signal.serving) == (2, 2)
+    one, two = s.upstreams
+    assert (one.label, one.limit, one.inflight, one.tokens_per_s, one.capacity_requests_per_s) == (
+        "backend-1",
+        32,
+        30,
+        2100.0,
+        18.0,
+    )
+    assert (two.label, two.limit, two.capacity_requests_per_s, two.healthy, two.retiring) == (
+        "backend-2",
+        30,
+        None,
+        True,
+        False,
+    )
+    # the default demo reads none of it
+    plain = build_sample(3.0, 1, state, None, LIVE, POOL)
+    assert plain.upstreams == () and plain.signal is None and plain.arrivals_per_s is None
+    text = plain_line(s, "second joins") + "\n" + upstreams_text(s) + "\n" + signal_text(s)
+    assert "arrivals  22.5/s" in text and "backend-2 limit 30 in-flight 3" in text and "desired 2, serving 2" in text
+    assert "capacity 18.0 req/s" in text
+
+
+def elastic_row(t: float, phase: int, ups: list[tuple[str, int, int]], *, queued: int, tps: float, desired: int | None):
+    upstreams = tuple(
+        UpstreamSample(
+            label=label,
+            url={"backend-1": A, "backend-2": B}[label],
+            healthy=True,
+            retiring=False,
+            limit=limit,
+            inflight=inflight,
+            tokens_per_s=tps / len(ups),
+            capacity_requests_per_s=18.0 if label == "backend-1" and desired else None,
+            capacity_tokens_per_s=None,
+        )
+        for label, limit, inflight in ups
+    )
+    signal = SignalSample(desired, len(ups), 23.0, 18.0 if desired else None, None)
+    return replace(
+        row(t, phase, ups[0][1], queued=queued, tokens_per_s=tps, client_ttft_p99_ms=100.0 * (1 + queued)),
+        arrivals_per_s=23.0,
+        upstreams=upstreams,
+        signal=signal,
+    )
+
+
+def test_elastic_summary_finds_the_join_its_start_limit_and_the_pool_before_and_after() -> None:
+    phases = ELASTIC.phases
+    samples = [
+        elastic_row(t, 0, [("backend-1", 32, 32)], queued=5 * t, tps=2200, desired=2 if t > 5 else None)
+        for t in range(10)
+    ]
+    samples.append(elastic_row(10, 1, [("backend-1", 30, 30)], queued=50, tps=2200, desired=2))  # written at 10.0
+    samples.append(elastic_row(11, 1, [("backend-1", 30, 30)], queued=48, tps=2300, desired=2))
+    samples += [
+        elastic_row(12 + t, 1, [("backend-1", 30, 15), ("backend-2", 30, 15)], queued=0, tps=2900, desired=2)
+        for t in range(10)
+    ]
+    summary = summarize_elastic(phases, samples, [23.0, 23.0], {1: ("backend-2", B)}, {1: 10.0})
+    (join,) = summary.joins
+    assert (join.label, join.joined_at_s, join.start_limit, join.sibling_limit) == ("backend-2", 12, 30, 30)
+    assert join.delay_s == pytest.approx(2.0)
+    assert join.before is not None and join.after is not None
+    assert (join.before.serving, join.before.desired, join.after.serving, join.after.desired) == (1, 2, 2, 2)
+    assert join.before.queued_median > 0 and join.after.queued_median == 0
+    assert join.after.tokens_per_s_median == 2900 and join.before.tokens_per_s_median == 2200
+    assert [(u.phase, u.label) for u in summary.upstreams] == [
+        ("one backend", "backend-1"),
+        ("second joins", "backend-1"),
+        ("second joins", "backend-2"),
+    ]
+    assert summary.upstreams[0].capacity_requests_per_s == 18.0 and summary.upstreams[2].capacity_requests_per_s is None
+    lines = join_lines(summary, "upstreams.txt", 2.5)
+    assert lines[0].startswith("backend-2 joined at 12.0 s, 2.0 s after the demo listed it in upstreams.txt")
+    assert "started at limit 30, its siblings' median limit then (30)" in lines[0]
+    assert "desired 2 for 1 serving" in lines[1] and "desired 2 for 2 serving" in lines[2] and "1.32x" in lines[2]
+    assert lines[-1] == "result: backend-2 joined the running gateway; no client request failed"
+    document = summary.as_dict()
+    assert document["joins"][0]["delay_s"] == 2.0 and document["pool"][1]["steady"]["serving"] == 2
+    console = Console(width=140, record=True)
+    console.print(pool_table(summary))
+    console.print(upstream_table(summary))
+    text = console.export_text()
+    assert "second joins" in text and "backend-2" in text and "18.0" in text
+
+
+def test_an_upstream_that_never_appears_is_reported_not_invented() -> None:
+    samples = [elastic_row(t, 0, [("backend-1", 32, 32)], queued=1, tps=2000, desired=2) for t in range(5)]
+    samples += [elastic_row(5 + t, 1, [("backend-1", 32, 32)], queued=9, tps=2000, desired=2) for t in range(5)]
+    summary = summarize_elastic(ELASTIC.phases, samples, [23.0, 23.0], {1: ("backend-2", B)}, {1: 5.0})
+    (join,) = summary.joins
+    assert join.joined_at_s is None and join.start_limit is None and join.delay_s is None
+    lines = join_lines(summary, "upstreams.txt", None)
+    assert "never appeared" in lines[0] and lines[-1] == "result: an upstream listed in the file did not join"
+    # an upstream present before the file listed it (configured from the start) is not a join
+    assert find_join(samples, "backend-1", 5.0) == (5, 32, None)

@@ -135,6 +135,10 @@ def test_panels_cover_what_operators_need() -> None:
         "Queue wait by outcome",
         "Event-loop lag",
         "Tokens per request",
+        "Backends: desired vs serving",
+        "Demand vs capacity",
+        "Capacity per backend",
+        "Upstreams joining and leaving",
     ):
         assert needed in titles, f"no panel {needed!r}"
 
@@ -145,6 +149,32 @@ def test_upstream_variable_is_defined_and_used() -> None:
     assert variable["includeAll"] and variable["allValue"] == ".*"
     per_upstream = [e for _, e in dashboard_targets(DASH) if 'upstream=~"$upstream"' in e]
     assert len(per_upstream) >= 20
+
+
+def test_capacity_row_aggregates_replicas_as_documented() -> None:
+    """The capacity signal's row (docs/deploy.md, "The capacity signal"): filtered by the `model` variable, the
+    desired figure taken with max over replicas (each exports the same pool-wide figure; a sum would ask for R
+    times the pool), and every capacity series the gateway exports shown somewhere."""
+    (variable,) = [v for v in DASH["templating"]["list"] if v["name"] == "model"]
+    assert variable["query"]["query"] == "label_values(sweetspot_upstreams_serving, model)"
+    assert variable["includeAll"] and variable["allValue"] == ".*"
+    titles = (
+        "Backends: desired vs serving",
+        "Demand vs capacity",
+        "Capacity per backend",
+        "Upstreams joining and leaving",
+    )
+    exprs = [e for title, e in dashboard_targets(DASH) if title in titles]
+    assert exprs and all('model=~"$model"' in e for e in exprs), exprs
+    named = set().union(*(metric_names(e) for e in exprs))
+    capacity = {n for n in exported_names(GatewayMetrics().registry) if "capacity_" in n or "upstreams_" in n}
+    capacity |= {"sweetspot_demand_requests_per_second"}
+    assert capacity <= named, sorted(capacity - named)
+    desired = [e for e in exprs if "sweetspot_upstreams_desired" in e]
+    assert desired and all(e.startswith("max by (model) (sweetspot_upstreams_desired") for e in desired), desired
+    (row,) = [p for p in DASH["panels"] if p["type"] == "row" and p["title"] == "Capacity and scaling"]
+    below = [p for p in DASH["panels"] if p["gridPos"]["y"] == row["gridPos"]["y"] + 1]
+    assert {p["title"] for p in below} == set(titles)
 
 
 def test_panel_ids_are_unique_and_the_grid_does_not_overlap() -> None:

@@ -26,6 +26,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gateway.server.upstream.dns_discovery import parse_dns_name
 from gateway.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -351,21 +352,29 @@ def test_configmap_is_made_of_real_settings(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_upstreams_are_the_vllm_pods_one_by_one() -> None:
-    """One upstream URL per StatefulSet pod, through the headless Service: each server gets its own limit,
-    and the ServiceMonitor's relabelling gives vLLM's series the same `upstream` label."""
+    """The upstreams are the headless Service's name (``dns+``): each ready pod's address is one upstream with its
+    own limit, and the ServiceMonitor's relabelling gives vLLM's series the same `upstream` label, the URL of the
+    pod's address."""
     settings = Settings(upstreams=gateway_env()["SWEETSPOT_UPSTREAMS"])
     vllm = one("StatefulSet", "vllm")
     service = one("Service", vllm["spec"]["serviceName"])
     assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"].get("publishNotReadyAddresses", False) is False  # only ready pods are in the answer
     (port,) = service["spec"]["ports"]
-    expected = [
-        f"http://{vllm['metadata']['name']}-{i}.{service['metadata']['name']}:{port['port']}"
-        for i in range(vllm["spec"]["replicas"])
-    ]
-    assert settings.upstreams == expected
+    (entry,) = settings.upstreams
+    name = parse_dns_name(entry)
+    namespace = service["metadata"]["namespace"]
+    assert (name.scheme, name.host, name.port) == (
+        "http",
+        f"{service['metadata']['name']}.{namespace}.svc.cluster.local",
+        port["port"],
+    )
+    assert one("Deployment", "sweetspot")["metadata"]["namespace"] == namespace
     (relabel,) = one("ServiceMonitor", "vllm")["spec"]["endpoints"][0]["relabelings"]
-    assert relabel["targetLabel"] == "upstream"
-    assert relabel["replacement"].replace("${1}", f"{vllm['metadata']['name']}-0") == expected[0]
+    assert relabel["targetLabel"] == "upstream" and relabel["sourceLabels"] == ["__address__"]
+    for address in ("10.4.2.17", "fd00::17"):  # Prometheus writes an IPv6 __address__ in brackets
+        shown = f"[{address}]" if ":" in address else address
+        assert relabel["replacement"].replace("${1}", f"{shown}:{port['port']}") == name.url(address)
 
 
 def test_gateway_pods_run_unprivileged_with_a_writable_tmp() -> None:

@@ -8,7 +8,9 @@ test is the real one. The simulator-backed checks live in tests/integration/test
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -179,3 +181,29 @@ def test_what_counts_as_a_token_chunk() -> None:
     assert not _carries_token({"delta": {"role": "assistant", "content": ""}}, chat=True)
     assert not _carries_token({"delta": {}, "finish_reason": "stop"}, chat=True)
     assert _carries_token({"text": " x"}, chat=False) and not _carries_token({"text": ""}, chat=False)
+
+
+async def test_poisson_load_keeps_its_rate_on_a_lagging_event_loop(server: str) -> None:
+    """Gaps are counted from when each arrival was due, so a loop that wakes 20 ms late at every turn still sends
+    about ``rate`` requests a second (counted from each wake-up, it would send about 1 / (10 ms + 20 ms) = 33/s)."""
+
+    async def hog() -> None:
+        while True:
+            time.sleep(0.02)  # blocks the event loop, as a busy client process does
+            await asyncio.sleep(0)
+
+    workload = Workload(prompt_len=parse_length(5), output_len=parse_length(2))
+    async with StreamClient(Target(server, model="m1")) as client:
+        load = PoissonLoad(client, RequestFactory(workload), rate=100.0, seed=3)
+        lagging = asyncio.ensure_future(hog())
+        try:
+            async with load:
+                began = time.perf_counter()
+                await asyncio.sleep(1.5)
+                sent = load.stats().started
+                elapsed = time.perf_counter() - began
+        finally:
+            lagging.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lagging
+    assert sent >= 0.7 * 100.0 * elapsed, (sent, elapsed)

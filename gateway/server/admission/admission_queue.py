@@ -159,6 +159,7 @@ class Permit(Generic[T]):
     inflight_at_grant: int = 0  # the limiter's in-flight count just after this permit was granted
     released: bool = False
     slots: int = 1  # sequences the request runs (n x prompts): slots of the limit it holds
+    routed: Any = None  # the hint ``choose`` placed it by, handed back to ``routed_release`` (None: not chosen so)
 
     @property
     def limiter(self) -> Limiter:
@@ -184,7 +185,8 @@ class AdmissionQueue(Generic[T]):
     against :attr:`default_tenant`. ``choose`` (optional) picks among the targets that can take a request
     now, for requests that carry a ``hint``; without either, the one with the most free permits.
     ``reserve`` is the share of each limit kept for light tenants (:class:`~gateway.server.admission.reserve.Reserve`;
-    ``fair`` only)."""
+    ``fair`` only). ``routed_release`` (optional) hears of every permit ``choose`` placed when it is released, with
+    the hint it was placed by, so a router can keep count of what runs where."""
 
     def __init__(
         self,
@@ -200,6 +202,7 @@ class AdmissionQueue(Generic[T]):
         default_tenant: Tenant | None = None,
         reserve: float = 0.0,
         choose: Callable[[list[T], Any], T] | None = None,
+        routed_release: Callable[[T, Any], None] | None = None,
     ) -> None:
         self.targets: dict[str, T] = {target.name: target for target in targets}
         self.max_queue = max_queue
@@ -217,6 +220,7 @@ class AdmissionQueue(Generic[T]):
         self.default_tenant = default_tenant if default_tenant is not None else Tenant("default")
         self.reserve = Reserve(reserve if discipline == "fair" else 0.0)
         self.choose = choose
+        self.routed_release = routed_release
 
     # --- state -----------------------------------------------------------------------------------
     @property
@@ -290,12 +294,14 @@ class AdmissionQueue(Generic[T]):
         """Whether a queued request of ``tenant`` could run somewhere now (its cap, the reserve)."""
         return tenant.may_run() and any(self._room(target, tenant) for target in self.targets.values())
 
-    def _grant(self, target: T, tenant: Tenant, slots: int = 1) -> Permit[T]:
+    def _grant(self, target: T, tenant: Tenant, slots: int = 1, hint: Any = None) -> Permit[T]:
+        """A permit on ``target``; ``hint``: the one ``choose`` placed it by (``_best`` used it when both are set)."""
         limiter = target.limiter
         limiter.acquire(slots)
         self.reserve.join(tenant)
         tenant.inflight += 1
-        return Permit(target, self._clock(), tenant, limiter.inflight, slots=slots)
+        routed = hint if self.choose is not None else None
+        return Permit(target, self._clock(), tenant, limiter.inflight, slots=slots, routed=routed)
 
     def _hold_for(self, waiter: _Waiter[T]) -> None:
         """A request wider than the room left waits for it, and the upstreams that could ever hold it (their
@@ -344,7 +350,7 @@ class AdmissionQueue(Generic[T]):
         if not tenant.queued and tenant.may_run():
             target = self._best(eligible, tenant, hint, slots)
             if target is not None:
-                return self._grant(target, tenant, slots)
+                return self._grant(target, tenant, slots, hint)
         if len(queue) >= self.max_queue:
             raise QueueFull(f"the gateway's queue is full ({self.max_queue} waiting)", retry_after_s=self.retry_after())
         if (
@@ -419,6 +425,8 @@ class AdmissionQueue(Generic[T]):
         permit.released = True
         limiter = permit.limiter
         limiter.release(permit.slots)
+        if permit.routed is not None and self.routed_release is not None:
+            self.routed_release(permit.target, permit.routed)
         if sample is not None and limiter.on_end is not None:
             limiter.on_end(sample, permit.inflight_at_grant, limiter.inflight)
         now = self._clock()
@@ -458,7 +466,7 @@ class AdmissionQueue(Generic[T]):
                 break
             waiter.gone = True
             self.queued_bytes -= waiter.nbytes
-            permit = self._grant(placed.pop(), waiter.tenant, waiter.slots)
+            permit = self._grant(placed.pop(), waiter.tenant, waiter.slots, waiter.hint)
             waiter.tenant.queued -= 1  # after the grant: it stays active throughout
             waiter.future.set_result(permit)
 

@@ -24,6 +24,10 @@ adaptive limit), so affinity never sends work to a saturated upstream while anot
 permits, then to the upstream chosen least recently, so new prompts spread over the upstreams' caches instead
 of all landing on the first idle one and evicting each other there. With no prefix known anywhere it is
 least-loaded routing with that tie-break.
+
+A request for a LoRA adapter adds the adapter's affinity to the score (:mod:`gateway.server.admission.lora_affinity`:
+``+weight`` where the adapter runs, half where it ran recently, ``-swap_penalty`` where ``max_lora`` other
+adapters run), under the same rule: only upstreams with room are candidates, so the queue's order is untouched.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gateway.server.admission.admission_queue import AdmissionTarget
+from gateway.server.admission.lora_affinity import AdapterAffinity
 from gateway.telemetry.metrics import GatewayMetrics
 
 #: Characters per chunk: about 64 tokens of English, fine enough that a turn's new text is a few chunks, coarse
@@ -107,9 +112,11 @@ def chunk_keys(text: str, *, chunk_chars: int = CHUNK_CHARS, max_chunks: int = M
 
 @dataclass(frozen=True, slots=True)
 class RouteHint:
-    """What the router knows of one request: its prompt's chunk keys (possibly none)."""
+    """What the router knows of one request: its prompt's chunk keys (possibly none), and the LoRA adapter it
+    names (None: a base model, or LoRA affinity off)."""
 
     keys: tuple[int, ...]
+    adapter: str | None = None
 
 
 class PrefixMap:
@@ -174,6 +181,9 @@ class RouteObserver:
     def decided(self, reason: str, upstream: str, chunks: int, hit_chunks: int) -> None:
         """One request routed to ``upstream``: its prompt had ``chunks`` chunks, ``hit_chunks`` estimated cached."""
 
+    def adapter_placed(self, placement: str, upstream: str) -> None:
+        """One LoRA adapter's request routed to ``upstream``, landing as ``placement`` (lora_affinity.PLACEMENTS)."""
+
 
 class MetricsObserver(RouteObserver):
     """Counts decisions and estimated hits in the gateway's metrics."""
@@ -188,20 +198,34 @@ class MetricsObserver(RouteObserver):
             m.child(m.routing_prefix_chunks, upstream).inc(chunks)
             m.child(m.routing_prefix_hit_chunks, upstream).inc(hit_chunks)
 
+    def adapter_placed(self, placement: str, upstream: str) -> None:
+        m = self.metrics
+        m.child(m.routing_adapter_decisions, placement).inc()
+
 
 class PrefixRouter:
     """Chooses among available upstreams by prefix affinity against load, and remembers the choice."""
 
-    def __init__(self, prefixes: PrefixMap, *, load_weight: float = 1.0, observer: RouteObserver | None = None) -> None:
+    def __init__(
+        self,
+        prefixes: PrefixMap,
+        *,
+        load_weight: float = 1.0,
+        observer: RouteObserver | None = None,
+        adapters: AdapterAffinity | None = None,
+    ) -> None:
         self.prefixes = prefixes
         self.load_weight = load_weight
         self.observer = observer if observer is not None else RouteObserver()
+        self.adapters = adapters  # None: LoRA affinity off
         self._chosen_at: dict[str, int] = {}  # upstream -> number of the decision that last chose it
         self._decisions = 0
 
-    def hint(self, body: Any) -> RouteHint:
+    def hint(self, body: Any, adapter: str | None = None) -> RouteHint:
+        """What routing needs of a request: its prompt's chunk keys, and ``adapter``, the served name when it is a
+        LoRA adapter (kept only while LoRA affinity is on)."""
         text = prompt_text(body)
-        return RouteHint(chunk_keys(text) if text else ())
+        return RouteHint(chunk_keys(text) if text else (), adapter if self.adapters is not None else None)
 
     def choose(self, available: list[T], hint: RouteHint) -> T:
         """The upstream for a request among ``available`` (non-empty; every one has a free permit)."""
@@ -210,11 +234,20 @@ class PrefixRouter:
         total = len(keys) or 1
         weight = self.load_weight
         chosen_at = self._chosen_at
+        affinity, adapter = self.adapters, hint.adapter
+        placements = (
+            {target.name: affinity.placement(target.name, adapter) for target in available}
+            if affinity is not None and adapter is not None
+            else None
+        )
 
         def score(target: T) -> tuple[float, int, int]:
             limiter = target.limiter
             load = limiter.inflight / limiter.limit
-            return (matched.get(target.name, 0) / total - weight * load, limiter.free, -chosen_at.get(target.name, -1))
+            value = matched.get(target.name, 0) / total - weight * load
+            if placements is not None and affinity is not None:
+                value += affinity.score(placements[target.name])
+            return (value, limiter.free, -chosen_at.get(target.name, -1))
 
         chosen = max(available, key=score)
         self._decisions += 1
@@ -225,7 +258,21 @@ class PrefixRouter:
         if keys:
             self.prefixes.record(keys, chosen.name)
         self.observer.decided(reason, chosen.name, len(keys), hit)
+        if placements is not None and affinity is not None and adapter is not None:
+            affinity.ledger.placed(chosen.name, adapter)
+            self.observer.adapter_placed(placements[chosen.name], chosen.name)
         return chosen
+
+    def released(self, target: AdmissionTarget, hint: RouteHint) -> None:
+        """A request this router placed on ``target`` ended (the admission queue's ``routed_release``)."""
+        if self.adapters is not None and hint.adapter is not None:
+            self.adapters.ledger.released(target.name, hint.adapter)
+
+    def forget(self, upstream: str) -> None:
+        """``upstream`` left or restarted: what it held (prefixes, adapters) is gone."""
+        self.prefixes.forget(upstream)
+        if self.adapters is not None:
+            self.adapters.ledger.forget(upstream)
 
 
 class RandomRouter(PrefixRouter):
@@ -244,3 +291,6 @@ class RandomRouter(PrefixRouter):
             self.prefixes.record(keys, chosen.name)
         self.observer.decided(REASON_RANDOM, chosen.name, len(keys), hit)
         return chosen
+
+    def released(self, target: AdmissionTarget, hint: RouteHint) -> None:
+        """Nothing to settle: the random policy places no adapter."""

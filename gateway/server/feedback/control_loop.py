@@ -104,6 +104,8 @@ class ControlLoop:
         if algorithm is not None:
             initial = self.bounded(algorithm.limit)  # another algorithm starts where it says
         upstream.limiter.set_limit(initial)
+        # The built-in controller holds the hard cap; a baseline algorithm, or no control, reads none.
+        upstream.holds_kv_cap = settings.control_enabled and algorithm is None
         if start is not None and swept:
             gateway.metrics.sweet_spot.labels(upstream.name).set(start.limit)
             if start.peak_tokens_per_s:
@@ -221,6 +223,8 @@ class ControlLoop:
                 return  # it left the pool meanwhile
             upstream.streams_keep_alive = scraper.kind == "vllm"
             upstream.any_name = scraper.kind == "llamacpp"  # llama-server answers any model name
+            upstream.lora = snapshot.lora  # the last known while scrapes fail (LoRA affinity reads it)
+            upstream.kv_size = kv_size(snapshot, self.gateway.settings.kv_capacity_tokens)
             if snapshot.error is not None:
                 self.gateway.metrics.backend_scrape_errors.labels(name).inc()
 
@@ -409,19 +413,28 @@ def hard_cap(
     """The most concurrency the upstream can hold: the smallest of what is known of its scheduler's own
     cap (llama-server's slots; vLLM's ``--max-num-seqs``, which it does not publish, so it comes from
     ``backend_max_seqs``) and how many typical requests its KV cache holds (``capacity.kv_cap``, from
-    recent requests, the last known after an idle spell). Past the scheduler's cap requests only wait
+    recent requests, the last known after an idle spell; before any has finished, from the admitted requests'
+    estimated sizes, ``kv_estimate``). Past the scheduler's cap requests only wait
     inside the backend, where the gateway can neither order nor time them out. None when nothing is known."""
     caps: list[int] = []
     if snapshot.total_slots:
         caps.append(int(snapshot.total_slots))
     if max_seqs:
         caps.append(max_seqs)
-    capacity = snapshot.kv_capacity_tokens or planned_kv_tokens
-    footprint = upstream.request_footprint(now) if capacity else None
-    if capacity and footprint is not None:
-        block = snapshot.kv_block_size if snapshot.kv_capacity_tokens else None
-        caps.append(kv_cap(capacity, block, footprint))
+    size = kv_size(snapshot, planned_kv_tokens)
+    footprint = upstream.kv_footprint(now) if size is not None else None
+    if size is not None and footprint is not None:
+        caps.append(kv_cap(size[0], size[1], footprint))
     return min(caps) if caps else None
+
+
+def kv_size(snapshot: BackendSnapshot, planned_kv_tokens: int | None) -> tuple[int, int | None] | None:
+    """The KV cache's size in tokens and its block size: as the backend publishes it (vLLM's
+    ``cache_config_info``), else ``kv_capacity_tokens`` (no block size); None when neither is known
+    (llama-server publishes none)."""
+    if snapshot.kv_capacity_tokens:
+        return snapshot.kv_capacity_tokens, snapshot.kv_block_size
+    return (planned_kv_tokens, None) if planned_kv_tokens else None
 
 
 #: The capacity signal's gauges (attributes of GatewayMetrics), whose series _export keeps in step.

@@ -1,7 +1,10 @@
 """Upstreams that come and go without a restart: the configured ``upstreams`` united with ``upstreams_file``
 (:mod:`gateway.server.upstream.discovery`), applied to the running gateway when the file changes (checked every
 ``discovery_interval_s``) and at once on ``SIGHUP`` (:meth:`Membership.reload`, which also reads the
-configuration's own ``upstreams`` again: flags, ``SWEETSPOT_UPSTREAMS``, the TOML file).
+configuration's own ``upstreams`` again: flags, ``SWEETSPOT_UPSTREAMS``, the TOML file). A ``dns+`` entry of either
+stands for the addresses its name resolves to (:mod:`gateway.server.upstream.dns_discovery`), resolved at start
+before the first request and again every ``discovery_interval_s``: an address that appears joins, one that goes
+leaves, as a URL the file adds or drops would.
 
 A new upstream is polled once (health and models) before it joins, then added to the pool, to the admission
 queue's targets, to the health poll and the backend scrape, and gets a controller. That controller starts from
@@ -31,6 +34,7 @@ from gateway.server.admission.admission_queue import Limiter
 from gateway.server.feedback.control_loop import ControlLoop, serving_model
 from gateway.server.parts import Gateway, bind_upstream_gauges
 from gateway.server.upstream.discovery import Change, diff, united
+from gateway.server.upstream.dns_discovery import DnsName, is_dns, parse_dns_name
 from gateway.server.upstream.health import check_health
 from gateway.server.upstream.pool import OTHER_MODELS, Upstream
 from gateway.server.upstream.upstream_headers import poll_headers
@@ -69,15 +73,43 @@ class Membership:
         self.reread = reread  # the configuration's upstreams read again (SIGHUP); None: they never change
         self._next_index = len(gateway.pool.upstreams) + 1
         self._lock = asyncio.Lock()
+        self._origins: dict[str, str] = {}  # an upstream found by a dns+ name -> that name, while it is in the pool
 
-    def wanted(self) -> list[str]:
+    def entries(self) -> list[str]:
+        """What the configuration lists: URLs and dns+ names."""
         listing = self.gateway.upstreams_file
         return united(self.configured, listing.urls if listing is not None else [])
 
+    def names(self) -> list[DnsName]:
+        return [parse_dns_name(entry) for entry in self.entries() if is_dns(entry)]
+
+    def wanted(self) -> list[str]:
+        """The upstreams the configuration stands for now: its URLs, and the last good addresses of its names."""
+        entries = self.entries()
+        dns = self.gateway.dns
+        resolved = dns.urls(self.names()) if dns is not None else []
+        return united([entry for entry in entries if not is_dns(entry)], resolved)
+
+    async def resolve(self) -> bool:
+        """Resolve the configuration's dns+ names again; whether any name's addresses changed."""
+        dns = self.gateway.dns
+        if dns is None:
+            return False
+        return await dns.refresh(self.names())
+
+    async def start(self) -> None:
+        """At start, before the first request: the names' addresses join, each as an upstream configured by its
+        URL would (``initial_limit``, slow start: its siblings have learned nothing yet)."""
+        if await self.resolve():
+            await self.apply(fresh=True)
+
     async def tick(self) -> None:
-        """The discovery loop's round: the file's list when it changed, then drop what finished retiring."""
+        """The discovery loop's round: the file's list when it changed, the names resolved again, then drop what
+        finished retiring."""
         listing = self.gateway.upstreams_file
-        if listing is not None and listing.poll() is not None:
+        listed = listing is not None and listing.poll() is not None
+        resolved = await self.resolve()
+        if listed or resolved:
             await self.apply()
         self.drop_finished()
 
@@ -92,32 +124,46 @@ class Membership:
         listing = self.gateway.upstreams_file
         if listing is not None:
             listing.poll(force=True)
+        await self.resolve()
         change = await self.apply()
         self.drop_finished()
         log.info("SIGHUP: upstreams re-read", extra={"added": change.added, "removed": change.removed})
         return change
 
-    async def apply(self) -> Change:
-        """Make the upstreams serving the ones :meth:`wanted` lists. An empty list changes nothing (logged): a
-        gateway with no upstream serves nobody, and an empty list is far likelier a mistake than a wish."""
+    async def apply(self, *, fresh: bool = False) -> Change:
+        """Make the upstreams serving the ones :meth:`wanted` lists (``fresh``: those joining start as at start,
+        not from their siblings). An empty list changes nothing (logged): a gateway with no upstream serves nobody,
+        and an empty list is far likelier a mistake than a wish."""
         async with self._lock:
             wanted = self.wanted()
-            if not wanted:
-                log.error("the configuration lists no upstream; keeping the ones serving")
-                return Change([], [])
             pool = self.gateway.pool
+            if not wanted:
+                if any(not u.retiring for u in pool):  # with none serving, the names' own lines said why
+                    log.error("the configuration lists no upstream; keeping the ones serving")
+                return Change([], [])
             change = diff([u.name for u in pool if not u.retiring], wanted)
+            dns = self.gateway.dns
+            for url in change.added:
+                origin = dns.origin(url) if dns is not None else None
+                if origin is not None:
+                    self._origins[url] = origin
             # Joins first: a server replacing another (one removed, one added at once) learns from the one it
             # replaces, and takes requests before that one stops.
             for url in change.added:
-                await self.join(url)
+                await self.join(url, fresh=fresh)
             for url in change.removed:
                 self.retire(pool.by_name[url])
             if change:
                 log.warning("upstreams changed", extra={"added": change.added, "removed": change.removed})
             return change
 
-    async def join(self, url: str) -> Upstream:
+    def _shown(self, upstream: Upstream) -> str:
+        """How the logs name an upstream: its public name, its URL, and the dns+ name it is an address of."""
+        origin = self._origins.get(upstream.name)
+        where = f"{upstream.name}, an address of {origin}" if origin is not None else upstream.name
+        return f"{upstream.public_name} ({where})"
+
+    async def join(self, url: str, *, fresh: bool = False) -> Upstream:
         gateway, settings = self.gateway, self.gateway.settings
         upstream = gateway.pool.by_name.get(url)
         if upstream is not None:  # listed again while it was retiring: it serves again once healthy
@@ -133,14 +179,14 @@ class Membership:
         )
         self._next_index += 1
         await self._poll(upstream)  # its health and models known before it takes a request
-        limit = sibling_limit(gateway.pool.upstreams, upstream)
+        limit = None if fresh else sibling_limit(gateway.pool.upstreams, upstream)
         gateway.pool.add(upstream)
         gateway.queue.targets[upstream.name] = upstream
         bind_upstream_gauges(gateway.metrics, upstream)
         self.control_loop.attach(upstream, StartPoint(limit=limit) if limit is not None else None, swept=False)
         log.info(
             "upstream %s joined (%s) at limit %d%s",
-            upstream.public_name,
+            self._shown(upstream),
             "healthy" if upstream.healthy else "not healthy yet",
             upstream.limiter.limit,
             " (its siblings' median)" if limit is not None else "",
@@ -156,7 +202,7 @@ class Membership:
         upstream.health_detail = None
         log.info(
             "upstream %s leaves: %d requests running on it finish first",
-            upstream.public_name,
+            self._shown(upstream),
             upstream.limiter.inflight,
         )
 
@@ -165,11 +211,14 @@ class Membership:
         gateway = self.gateway
         gone = [u.name for u in gateway.pool if u.retiring and u.limiter.inflight == 0]
         for name in gone:
-            gateway.pool.remove(name)
+            upstream = gateway.pool.remove(name)
             gateway.queue.targets.pop(name, None)
             self.control_loop.detach(name)
+            if gateway.router is not None:
+                gateway.router.forget(name)  # its prefixes and adapters left with it
             gateway.metrics.forget_upstream(name)
-            log.info("upstream %s dropped", name)
+            log.info("upstream %s dropped", self._shown(upstream))
+            self._origins.pop(name, None)
         return gone
 
     async def _poll(self, upstream: Upstream) -> None:

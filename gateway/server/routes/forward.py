@@ -22,6 +22,7 @@ from gateway.common.connection_loss import connection_loss
 from gateway.common.headers import QUEUE_HEADER, queue_header_value
 from gateway.control.window import Outcome
 from gateway.server.admission.admission_queue import AdmissionError, Permit, QueueTimeout, ShuttingDown
+from gateway.server.admission.prompt_size import estimated_kv_tokens
 from gateway.server.admission.routing import RouteHint
 from gateway.server.admission.tenants import Tenant
 from gateway.server.parts import Gateway
@@ -186,6 +187,10 @@ class Forward:
         model: str = parsed.model  # type: ignore[attr-defined]
         resolved = gateway.pool.resolve(model)
         eligible = resolved.eligible
+        if not eligible and not gateway.pool.upstreams:  # dns+ names not resolved yet: no model is known
+            return self._refuse(
+                503, "no upstream: the dns+ names configured have no address yet", "no_upstream", retry_after_s=2
+            )
         if not eligible:
             return self._refuse(404, model_not_found(model, resolved.served), "model_not_found", param="model")
         self.slots = slots = sequences(parsed)
@@ -217,7 +222,10 @@ class Forward:
             if owner is not None and owner in eligible:
                 eligible = [owner]
         # Several upstreams could take it: the router weighs where its prompt's prefix is cached against load.
-        hint = gateway.router.hint(parsed) if gateway.router is not None and len(eligible) > 1 else None
+        hint = None
+        if gateway.router is not None and len(eligible) > 1:
+            adapter = resolved.served if gateway.pool.is_adapter(resolved.served) else None
+            hint = gateway.router.hint(parsed, adapter)
         stream = bool(getattr(parsed, "stream", False)) and self.route.streams
         if resolved.served != model:  # an alias or the default: the served name goes upstream
             body = with_model(body, resolved.served)
@@ -228,6 +236,12 @@ class Forward:
             if not forward_usage:
                 # Ask for usage so token counts are always known; the usage chunk is dropped on the way back.
                 body = with_usage_requested(body, options)
+        estimating = [up for up in map(gateway.pool.by_name.get, eligible) if up is not None and up.estimating_kv]
+        # Where no footprint is measured yet, the KV cap counts this request's estimated size.
+        kv_tokens = estimated_kv_tokens(parsed) if estimating else None
+        if kv_tokens is not None:
+            for upstream in estimating:
+                upstream.admitting(kv_tokens)
         del parsed  # the request waits as its raw body (counted against max_queued_bytes), not as a parsed tree
         self.watch = watch = RequestWatch(self.receive, gateway.drain.running, self.connection_loss)
         handed_off = False

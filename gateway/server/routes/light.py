@@ -157,7 +157,7 @@ async def _by_model(request: Request, dialect: Dialect = Dialect.OPENAI) -> Resp
     eligible: list[str] | None = None
     if isinstance(model, str):
         resolved = light.gateway.pool.resolve(model)
-        if not resolved.eligible:
+        if not resolved.eligible and light.gateway.pool.upstreams:  # none at all: the 503 below
             return error_response(404, model_not_found(model, resolved.served), code="model_not_found", dialect=dialect)
         eligible = resolved.eligible
         if resolved.served != model:  # an alias or the default: the served name goes upstream

@@ -112,6 +112,9 @@ async def state(request: Request) -> Response:
     if router is not None:
         routing["prefix_map_entries"] = len(router.prefixes)
         routing["prefix_map_max"] = router.prefixes.max_entries
+        if router.adapters is not None:
+            routing["lora_weight"] = router.adapters.weight
+            routing["lora_swap_penalty"] = router.adapters.swap_penalty
     # Which process answered: with `serve --workers N` each worker is a replica with its own state.
     return JSONResponse(
         {

@@ -2,13 +2,15 @@
 ``upstreams_file``, a file anything can write (a Kubernetes ConfigMap, a sidecar, consul-template).
 
 The file lists one base URL a line; ``#`` starts a comment, blank lines are skipped, a trailing ``/`` is
-dropped, a URL listed twice counts once::
+dropped, a URL listed twice counts once. A ``dns+http://`` or ``dns+https://`` line is a name whose addresses are
+the upstreams (:mod:`gateway.server.upstream.dns_discovery`)::
 
     # the vLLM servers of pool A
     http://vllm-0.vllm:8000
     http://vllm-1.vllm:8000   # added for the launch
+    dns+http://vllm.pool-b.svc.cluster.local:8000
 
-A file that cannot be read, or that holds a line which is not an ``http://`` or ``https://`` URL, changes
+A file that cannot be read, or that holds a line which is none of these, changes
 nothing: one log line says why and the last good list stays (an editor's half-written file must never empty the
 pool). :class:`UpstreamsFile` notices a change by the file's mtime and size, and reads it only then; what it
 read counts only when its content differs from the last good one.
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
+from gateway.server.upstream.dns_discovery import is_dns, parse_dns_name
+
 log = logging.getLogger("sweetspot.upstreams")
 
 
@@ -30,9 +34,25 @@ class BadUpstreamsFile(ValueError):
     """A file whose content cannot be a list of upstreams (the message names the line)."""
 
 
+def check_upstream(entry: str) -> str:
+    """``entry`` without a trailing ``/`` when it is an ``http(s)://host[:port][/path]`` base URL or a name to
+    resolve, ``dns+http(s)://name:port[/path]`` (:mod:`gateway.server.upstream.dns_discovery`); ValueError saying
+    what is wrong otherwise. The one rule for ``upstreams`` and for the lines of ``upstreams_file``."""
+    if is_dns(entry):
+        return parse_dns_name(entry).entry
+    try:
+        parts = urlsplit(entry)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is no number
+        valid = False
+    if not valid or parts.query or parts.fragment or any(ch.isspace() for ch in entry):
+        raise ValueError(f"not an http://, https://, dns+http:// or dns+https:// base URL: {entry!r}")
+    return entry.rstrip("/")
+
+
 def parse_upstreams(text: str) -> list[str]:
-    """The upstream URLs ``text`` lists, in order, each once. Raises :class:`BadUpstreamsFile` for a line that is
-    not an ``http(s)://host[:port][/path]`` URL."""
+    """The upstreams ``text`` lists, in order, each once. Raises :class:`BadUpstreamsFile` for a line that is
+    not an ``http(s)://host[:port][/path]`` URL or a ``dns+http(s)://name:port[/path]`` name."""
     urls: list[str] = []
     for number, line in enumerate(text.splitlines(), start=1):
         entry = line.split("#", 1)[0].strip()
@@ -41,13 +61,9 @@ def parse_upstreams(text: str) -> list[str]:
         if any(ch.isspace() for ch in entry):
             raise BadUpstreamsFile(f"line {number}: one URL a line, got {entry!r}")
         try:
-            parts = urlsplit(entry)
-            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
-        except ValueError:  # a port that is no number
-            valid = False
-        if not valid or parts.query or parts.fragment:
-            raise BadUpstreamsFile(f"line {number}: not an http:// or https:// base URL: {entry!r}")
-        url = entry.rstrip("/")
+            url = check_upstream(entry)
+        except ValueError as exc:
+            raise BadUpstreamsFile(f"line {number}: {exc}") from None
         if url not in urls:
             urls.append(url)
     return urls

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gateway.control.knee_search.capacity import Footprint
+from gateway.control.knee_search.kv_estimate import PromptEstimates, admission_cap
 from gateway.control.window import SlidingWindow
 from gateway.server.admission.admission_queue import Limiter
 from gateway.settings import Settings, alias_targets
+from gateway.telemetry.backends.snapshot import LoraState
 
 #: The ``model`` label of requests for a name no upstream lists.
 OTHER_MODELS = "other"
@@ -55,10 +57,22 @@ class Upstream:
     # Removed from the configuration (upstreams_file, SIGHUP): takes no new request, finishes what runs, then is
     # dropped from the pool (gateway.server.feedback.membership).
     retiring: bool = False
+    # The KV cache's size, (tokens, block size or None), as the backend publishes it (vLLM's cache_config_info) or
+    # kv_capacity_tokens plans it; set at each scrape, None while unknown.
+    kv_size: tuple[int, int | None] | None = None
+    # Whether the limit comes down to the KV cache's cap before each admission (the built-in controller; a
+    # baseline algorithm or a fixed limit reads no hard cap).
+    holds_kv_cap: bool = False
+    # The KV of the requests that may run here, estimated from their bodies, until a footprint is measured.
+    kv_estimates: PromptEstimates = field(default_factory=PromptEstimates)
+    # The LoRA state of vLLM's last scrape (vllm:lora_requests_info): adapters running and waiting, max_lora. None:
+    # not reported (no --enable-lora, not vLLM, not scraped yet).
+    lora: LoraState | None = None
     _footprint: Footprint | None = None
     # The ids of ``models``, as a set, and the list they were read from: every request asks whether an upstream
     # lists its model, and the list is replaced (never changed in place) when the health poll reads it again.
     _listed: frozenset[str] = frozenset()
+    _adapters: frozenset[str] = frozenset()  # of those, the LoRA adapters (entries with a parent)
     _listed_from: list[dict[str, Any]] | None = None
 
     @property
@@ -70,6 +84,32 @@ class Upstream:
         when too few ended within it)."""
         self._footprint = Footprint.update(self._footprint, self.window.samples(now))
         return self._footprint
+
+    def kv_footprint(self, now: float) -> Footprint | None:
+        """The footprint the hard cap counts: the measured one, else the admitted requests' estimated one."""
+        measured = self.request_footprint(now)
+        return measured if measured is not None else self.kv_estimates.footprint()
+
+    @property
+    def estimating_kv(self) -> bool:
+        """Whether a request's estimated KV still counts here (no footprint measured yet)."""
+        return self._footprint is None
+
+    def admitting(self, kv_tokens: int) -> None:
+        """A request whose KV is estimated at ``kv_tokens`` (``prompt_size.estimated_kv_tokens``) may be admitted
+        here next. Until a footprint is measured, its estimate joins the admitted requests' and, where the limit
+        holds the hard cap, the limit comes down at once to what the KV cache holds of them
+        (``kv_estimate.admission_cap``): the first requests meet the cap before the first control tick, which
+        then takes the same cap as its observation. Never raises the limit."""
+        if self._footprint is not None:
+            return
+        self.kv_estimates.note(kv_tokens)
+        if not self.holds_kv_cap or self.kv_size is None:
+            return
+        capacity, block = self.kv_size
+        lowered = admission_cap(self.limiter.limit, capacity, block, self.kv_estimates)
+        if lowered is not None:
+            self.limiter.set_limit(lowered)
 
     def mark_down(self, error: str, *, until: float = 0.0) -> None:
         """The request path found the upstream unusable: out of rotation until the health poll brings it
@@ -104,10 +144,26 @@ class Upstream:
         models = self.models
         if models is None:
             return False
-        if models is not self._listed_from:
-            self._listed = frozenset(entry["id"] for entry in models if isinstance(entry.get("id"), str))
-            self._listed_from = models
+        self._read_list(models)
         return model in self._listed
+
+    @property
+    def adapters(self) -> frozenset[str]:
+        """The LoRA adapters its model list names: entries with a ``parent`` (vLLM lists an adapter so, the base
+        model it applies to as parent)."""
+        if self.models is None:
+            return frozenset()
+        self._read_list(self.models)
+        return self._adapters
+
+    def _read_list(self, models: list[dict[str, Any]]) -> None:
+        if models is self._listed_from:
+            return
+        self._listed = frozenset(entry["id"] for entry in models if isinstance(entry.get("id"), str))
+        self._adapters = frozenset(
+            entry["id"] for entry in models if isinstance(entry.get("id"), str) and entry.get("parent")
+        )
+        self._listed_from = models
 
 
 class Resolved(NamedTuple):
@@ -124,8 +180,8 @@ class UpstreamPool:
     def __init__(
         self, upstreams: list[Upstream], *, aliases: dict[str, str] | None = None, default_model: str | None = None
     ) -> None:
-        if not upstreams:
-            raise ValueError("at least one upstream is required")
+        # Empty only while a configuration of dns+ names alone has no address yet (Gateway.build refuses one that
+        # lists nothing): requests get 503 no_upstream until the names resolve (gateway.server.feedback.membership).
         self.upstreams = upstreams
         self.by_name = {upstream.name: upstream for upstream in upstreams}
         self.aliases = alias_targets(aliases or {})  # each alias with the served name it ends at
@@ -157,6 +213,15 @@ class UpstreamPool:
             return Resolved(served, [], OTHER_MODELS)
         label = ids.pop() if ids and all(u.models for u in takers) else None
         return Resolved(served, [u.name for u in takers], label if isinstance(label, str) else OTHER_MODELS)
+
+    def is_adapter(self, model: str) -> bool:
+        """Whether an upstream lists ``model`` as a LoRA adapter (LoRA affinity routes its requests)."""
+        return any(model in upstream.adapters for upstream in self.upstreams if not upstream.retiring)
+
+    def lora_state(self, name: str) -> LoraState | None:
+        """The last scraped LoRA state of the upstream ``name`` (None: not reported, or no such upstream)."""
+        upstream = self.by_name.get(name)
+        return upstream.lora if upstream is not None else None
 
     def listed(self, model: str) -> bool:
         """Whether any upstream's own list names ``model`` (a retiring one's does not count)."""

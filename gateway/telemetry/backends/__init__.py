@@ -9,18 +9,21 @@ from gateway.telemetry.backends.parse import (
     detect_kind,
     llama_snapshot,
     parse_samples,
+    vllm_lora_state,
     vllm_snapshot,
 )
 from gateway.telemetry.backends.scraper import BackendScraper
-from gateway.telemetry.backends.snapshot import BackendKind, BackendSnapshot
+from gateway.telemetry.backends.snapshot import BackendKind, BackendSnapshot, LoraState
 
 __all__ = [
     "BackendKind",
     "BackendScraper",
     "BackendSnapshot",
+    "LoraState",
     "MetricsParseError",
     "detect_kind",
     "llama_snapshot",
     "parse_samples",
+    "vllm_lora_state",
     "vllm_snapshot",
 ]

@@ -9,6 +9,9 @@ vLLM renamed metrics across versions, so each signal is a list of names tried in
   deprecated alias for a while). A fraction 0..1 despite the ``_perc``.
 - inter-token latency: ``vllm:inter_token_latency_seconds`` (V1), else ``vllm:time_per_output_token_seconds``.
 - preemptions: ``vllm:num_preemptions_total`` (a counter), else a bare ``vllm:num_preemptions``.
+- multi-LoRA: ``vllm:lora_requests_info``, a gauge whose labels carry the state (``running_lora_adapters``,
+  ``waiting_lora_adapters``: comma-joined adapter names; ``max_lora``) and whose value is when it was set
+  (:func:`vllm_lora_state` reads the newest series).
 
 A V1 server with data parallelism labels series by ``engine``; counts are summed over engines, and KV
 usage is the fullest engine's (the one that preempts first).
@@ -25,7 +28,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.telemetry.backends.snapshot import BackendKind, BackendSnapshot
+from gateway.telemetry.backends.snapshot import BackendKind, BackendSnapshot, LoraState
 
 # name -> list of (labels, value), one entry per sample line
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -33,6 +36,7 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 VLLM_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 VLLM_ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 VLLM_PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
+VLLM_LORA_INFO = "vllm:lora_requests_info"
 
 
 class MetricsParseError(ValueError):
@@ -123,6 +127,33 @@ def _kv_block_size(samples: Samples) -> int | None:
     return max(sizes) if sizes else None
 
 
+def _adapter_names(value: str | None) -> tuple[str, ...]:
+    """vLLM joins adapter names with commas (no spaces); an empty label is no adapter."""
+    return tuple(name for name in (value or "").split(",") if name)
+
+
+def vllm_lora_state(samples: Samples) -> LoraState | None:
+    """The running and waiting adapters and ``max_lora`` from ``vllm:lora_requests_info``; None without it.
+
+    Every label set vLLM ever wrote stays on the page (a gauge keeps its children), each valued at the time it
+    was last set, so the newest series (the largest value) is the scheduler's state now; older ones are history.
+    """
+    series = samples.get(VLLM_LORA_INFO)
+    if not series:
+        return None
+    labels, value = max(series, key=lambda item: item[1])
+    try:
+        max_lora: int | None = int(labels.get("max_lora", ""))
+    except ValueError:
+        max_lora = None
+    return LoraState(
+        running=_adapter_names(labels.get("running_lora_adapters")),
+        waiting=_adapter_names(labels.get("waiting_lora_adapters")),
+        max_lora=max_lora,
+        set_at=value,
+    )
+
+
 def vllm_snapshot(samples: Samples, taken_at: float) -> BackendSnapshot:
     """vLLM's signals; fields vLLM does not report (this version) stay None."""
     itl_sum, itl_count = _histogram(samples, VLLM_ITL)
@@ -143,6 +174,7 @@ def vllm_snapshot(samples: Samples, taken_at: float) -> BackendSnapshot:
         itl_count=itl_count,
         ttft_seconds_sum=ttft_sum,
         ttft_count=ttft_count,
+        lora=vllm_lora_state(samples),
     )
 
 

@@ -22,6 +22,31 @@ BackendKind = Literal["vllm", "llamacpp", "openai"]
 
 
 @dataclass(frozen=True, slots=True)
+class LoraState:
+    """vLLM's multi-LoRA scheduler state from ``vllm:lora_requests_info``: the adapters of the requests it runs
+    and of those it keeps waiting, and ``--max-loras`` (adapters one batch may hold; 0 when LoRA is off).
+
+    vLLM sets the gauge to the current time under a new label set at every logging interval and never removes an
+    old one, so a page holds many series; this is the newest one's (the largest value), and ``set_at`` is that
+    value (wall-clock seconds since the epoch, vLLM's clock)."""
+
+    running: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+    max_lora: int | None = None
+    set_at: float | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the server serves adapters at all (``--enable-lora``: ``max_lora`` is at least 1)."""
+        return bool(self.max_lora)
+
+    @property
+    def full(self) -> bool:
+        """``max_lora`` distinct adapters run: a request for any other waits for one of them to drain (a swap)."""
+        return self.max_lora is not None and self.max_lora > 0 and len(self.running) >= self.max_lora
+
+
+@dataclass(frozen=True, slots=True)
 class BackendSnapshot:
     """The backend's own signals at ``taken_at`` (seconds on the scraper's clock)."""
 
@@ -51,6 +76,8 @@ class BackendSnapshot:
     # time to first token (vLLM histogram) as (sum, count)
     ttft_seconds_sum: float | None = None
     ttft_count: float | None = None
+    # multi-LoRA serving (vLLM's vllm:lora_requests_info); None: the backend does not report it
+    lora: LoraState | None = None
 
     def age(self, now: float) -> float | None:
         """Seconds since the numbers were read; None when they never were."""
