@@ -25,24 +25,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import random
-import statistics
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from bench._procs import start
 from bench._quick import add_quick, parse
-from bench.routing import Window, pct, scrape, words
-from gateway.common.processes import LISTENING, RunningProcess
+from bench._sims import (
+    RunCounts,
+    Window,
+    add_load_args,
+    add_round_args,
+    client_session,
+    deltas,
+    labelled,
+    median,
+    pct,
+    rotated,
+    scrape,
+    staggered,
+    start_gateway,
+    start_sims,
+    stream_chat,
+    words,
+    write_json,
+)
+from gateway.common.processes import RunningProcess
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 #: The two policies: the gateway's ``routing`` setting each runs with.
@@ -62,7 +74,7 @@ QUICK = {
 
 
 @dataclass
-class Run:
+class Run(RunCounts):
     policy: str
     round: int = 0
     ttft: list[float] = field(default_factory=list)
@@ -75,17 +87,8 @@ class Run:
     placements: dict[str, float] = field(default_factory=dict)
 
     @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-    @property
     def loads_per_minute(self) -> float:
         return self.adapter_loads * 60.0 / self.seconds if self.seconds else 0.0
-
-    @property
-    def max_over_mean_load(self) -> float:
-        mean = sum(self.upstream_requests) / len(self.upstream_requests) if self.upstream_requests else 0.0
-        return max(self.upstream_requests) / mean if mean else float("nan")
 
 
 def adapter_names(count: int) -> list[str]:
@@ -97,45 +100,6 @@ def zipf_weights(count: int, s: float) -> list[float]:
     raw = [1.0 / k**s for k in range(1, count + 1)]
     total = sum(raw)
     return [w / total for w in raw]
-
-
-async def stream_chat(
-    session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int, run: Run, window: Window
-) -> None:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    sent = time.monotonic()
-    counted = window.inside(sent)
-    first: float | None = None
-    try:
-        async with session.post(url + "/v1/chat/completions", json=body) as resp:
-            if resp.status != 200:
-                await resp.read()
-                run.errors += counted
-                return
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                    continue
-                choices = json.loads(line[6:]).get("choices") or []
-                if not choices or not choices[0].get("delta", {}).get("content"):
-                    continue
-                now = time.monotonic()
-                if first is None:
-                    first = now
-                if window.inside(now):
-                    run.tokens += 1
-    except (TimeoutError, aiohttp.ClientError):
-        run.errors += counted
-        return
-    if counted and first is not None:
-        run.ttft.append(first - sent)
-        run.requests += 1
 
 
 async def client(
@@ -155,7 +119,8 @@ async def client(
         i += 1
         model = rng.choices(adapters, weights)[0]
         prompt = f"{tag} request {number}-{i}: " + words(rng, rng.randint(200, 1500))
-        await stream_chat(session, url, model, prompt, rng.randint(48, 160), run, window)
+        messages = [{"role": "user", "content": prompt}]
+        await stream_chat(session, url, model, messages, rng.randint(48, 160), run, window)
         await asyncio.sleep(think_s * rng.uniform(0.5, 1.5))
 
 
@@ -172,96 +137,25 @@ async def drive(url: str, sims: list[RunningProcess], args: argparse.Namespace, 
             await asyncio.sleep(max(at - time.monotonic(), 0.0))
             edges.append(await asyncio.gather(*(asyncio.to_thread(scrape, sim.url) for sim in sims)))
 
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
+    async with client_session() as session:
         clients = [
             client(session, url, random.Random(f"{args.seed}-{c}"), adapters, weights, tag, c, run, window, args.think)
             for c in range(args.clients)
         ]
-
-        async def staggered(k: int, coro: object) -> None:
-            await asyncio.sleep(k * args.stagger)
-            await coro  # type: ignore[misc]
-
-        await asyncio.gather(read_edges(), *(staggered(k, c) for k, c in enumerate(clients)))
+        await staggered(clients, args.stagger, read_edges())
     before, after = edges
-
-    def delta(name: str) -> list[float]:
-        return [a.get(name, 0.0) - b.get(name, 0.0) for a, b in zip(after, before, strict=True)]
-
-    run.upstream_requests = delta("vllm:request_success_total")
-    run.adapter_loads = sum(delta("sweetspot_sim_lora_loads_total"))
+    run.upstream_requests = deltas(after, before, "vllm:request_success_total")
+    run.adapter_loads = sum(deltas(after, before, "sweetspot_sim_lora_loads_total"))
     run.seconds = args.duration
 
 
-def start_sims(args: argparse.Namespace) -> list[RunningProcess]:
-    modules = [f"--lora-modules={name}=/adapters/{name}" for name in adapter_names(args.adapters)]
-
-    def one(i: int) -> RunningProcess:
-        proc, _ = start(
-            [
-                sys.executable,
-                "-m",
-                "gateway",
-                "sim",
-                "--port",
-                "0",
-                "--profile",
-                args.profile,
-                "--time-scale",
-                str(args.time_scale),
-                "--model-name",
-                BASE_MODEL,
-                "--seed",
-                str(i),
-                "--max-loras",
-                str(args.max_loras),
-                "--lora-load-ms",
-                str(args.lora_load_ms),
-                *modules,
-            ],
-            LISTENING,
-        )
-        return proc
-
-    sims: list[RunningProcess] = []
-    with ThreadPoolExecutor(args.upstreams) as pool:  # side by side: each takes a second or two to start
-        futures = [pool.submit(one, i) for i in range(args.upstreams)]
-        for future in futures:
-            with contextlib.suppress(Exception):  # raised again below, once every started one is kept
-                sims.append(future.result())
-        try:
-            for future in futures:
-                future.result()
-        except BaseException:
-            for sim in sims:
-                sim.stop()
-            raise
-    return sims
-
-
 def one_run(policy: str, args: argparse.Namespace, round_: int) -> Run:
-    sims = start_sims(args)
+    modules = [f"--lora-modules={name}=/adapters/{name}" for name in adapter_names(args.adapters)]
+    lora = ["--max-loras", str(args.max_loras), "--lora-load-ms", str(args.lora_load_ms), *modules]
+    sims = start_sims(args.upstreams, args.profile, args.time_scale, BASE_MODEL, lora)
     run = Run(policy, round_)
     try:
-        cmd = [
-            sys.executable,
-            "-m",
-            "gateway",
-            "serve",
-            "--port",
-            "0",
-            "--no-control",
-            "--routing",
-            POLICIES[policy],
-            "--initial-limit",
-            str(args.limit),
-            "--log-level",
-            "warning",
-        ]
-        for sim in sims:
-            cmd += ["--upstream", sim.url]
-        gateway, url = start(cmd, LISTENING, env={"SWEETSPOT_ACCESS_LOG": "false"})
+        gateway, url = start_gateway(POLICIES[policy], args.limit, sims)
         try:
             asyncio.run(drive(url, sims, args, run, f"run-{policy}-{time.time_ns()}"))
             gw = scrape(url)
@@ -270,13 +164,8 @@ def one_run(policy: str, args: argparse.Namespace, round_: int) -> Run:
     finally:
         for sim in sims:
             sim.stop()
-    prefix = "sweetspot_routing_adapter_decisions_total|"
-    run.placements = {k.split("|", 1)[1]: v for k, v in gw.items() if k.startswith(prefix)}
+    run.placements = labelled(gw, "sweetspot_routing_adapter_decisions_total")
     return run
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
 
 
 def summary(runs: list[Run]) -> list[dict[str, object]]:
@@ -357,25 +246,22 @@ def main() -> None:
     parser.add_argument("--zipf", type=float, default=1.1, help="the adapters' popularity exponent s")
     parser.add_argument("--max-loras", type=int, default=4, help="distinct adapters per batch (and resident)")
     parser.add_argument("--lora-load-ms", type=float, default=40.0, help="a non-resident adapter's load cost")
-    parser.add_argument("--clients", type=int, default=40, help="closed-loop clients")
-    parser.add_argument("--limit", type=int, default=16, help="fixed concurrency limit per upstream")
-    parser.add_argument("--think", type=float, default=0.3, help="mean seconds between a reply and the next request")
-    parser.add_argument("--stagger", type=float, default=0.05, help="seconds between client starts")
-    parser.add_argument("--warmup", type=float, default=15.0)
-    parser.add_argument("--duration", type=float, default=60.0)
-    parser.add_argument("--time-scale", type=float, default=1.0)
-    parser.add_argument("--profile", default="qwen3.6-35b-a3b-32gb")
+    add_load_args(
+        parser,
+        clients=(40, "closed-loop clients"),
+        think=(0.3, "mean seconds between a reply and the next request"),
+        stagger=0.05,
+        warmup=15.0,
+        duration=60.0,
+    )
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
-    parser.add_argument("--rounds", type=int, default=1, help="repeat every run, rotating the policies' order")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path)
+    add_round_args(parser)
     add_quick(parser, QUICK)
     args = parse(parser)
 
     runs: list[Run] = []
     for round_ in range(args.rounds):
-        shift = round_ % len(args.policies)  # a drift of the (shared) machine hits every policy alike
-        for policy in args.policies[shift:] + args.policies[:shift]:
+        for policy in rotated(args.policies, round_):
             console.print(f"[bold]round {round_}: {policy}[/] ...")
             run = one_run(policy, args, round_)
             runs.append(run)
@@ -387,19 +273,7 @@ def main() -> None:
     rows = summary(runs)
     report(runs, rows)
     if args.json:
-        per_run = [
-            {k: v for k, v in asdict(r).items() if k != "ttft"}
-            | {
-                "ttft_p50_s": pct(r.ttft, 50),
-                "ttft_p99_s": pct(r.ttft, 99),
-                "tokens_per_s": r.tokens_per_s,
-                "loads_per_minute": r.loads_per_minute,
-                "max_over_mean_load": r.max_over_mean_load,
-            }
-            for r in runs
-        ]
-        payload = {"args": {k: str(v) for k, v in vars(args).items()}, "summary": rows, "runs": per_run}
-        args.json.write_text(json.dumps(payload, indent=2))
+        write_json(args.json, args, rows, runs, ("tokens_per_s", "loads_per_minute", "max_over_mean_load"))
 
 
 if __name__ == "__main__":

@@ -26,25 +26,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import random
-import statistics
 import sys
 import time
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from bench._procs import start
 from bench._quick import add_quick, parse
-from gateway.common.processes import LISTENING, RunningProcess
+from bench._sims import (
+    RunCounts,
+    Window,
+    add_load_args,
+    add_round_args,
+    client_session,
+    deltas,
+    labelled,
+    median,
+    pct,
+    rotated,
+    scrape,
+    staggered,
+    start_gateway,
+    start_sims,
+    stream_chat,
+    words,
+    write_json,
+)
+from gateway.common.processes import RunningProcess
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 POLICIES = ("prefix", "least_loaded", "random")
@@ -60,85 +71,10 @@ QUICK = {
     "policies": ["prefix", "least_loaded"],
     "workloads": ["multi_turn"],
 }
-VOCAB = tuple(
-    [
-        "the",
-        "a",
-        "of",
-        "to",
-        "and",
-        "in",
-        "is",
-        "it",
-        "that",
-        "for",
-        "on",
-        "with",
-        "as",
-        "was",
-        "be",
-        "by",
-        "this",
-        "are",
-        "or",
-        "from",
-        "at",
-        "an",
-        "but",
-        "not",
-        "have",
-        "has",
-        "had",
-        "which",
-        "tide",
-        "moon",
-        "ocean",
-        "wave",
-        "river",
-        "stone",
-        "cloud",
-        "engine",
-        "kernel",
-        "vector",
-        "matrix",
-        "cache",
-        "block",
-        "token",
-        "server",
-        "request",
-        "queue",
-        "limit",
-        "stream",
-        "model",
-        "window",
-        "signal",
-        "sample",
-        "latency",
-        "memory",
-        "budget",
-        "report",
-        "policy",
-        "history",
-        "answer",
-        "question",
-        "reason",
-        "simple",
-        "careful",
-        "precise",
-        "example",
-        "detail",
-        "summary",
-        "context",
-        "system",
-        "prompt",
-        "user",
-        "assistant",
-    ]
-)
 
 
 @dataclass
-class Run:
+class Run(RunCounts):
     workload: str
     policy: str
     round: int = 0
@@ -151,84 +87,6 @@ class Run:
     sim_hit_rate: float = 0.0
     gateway_hit_estimate: float | None = None
     decisions: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def max_over_mean_load(self) -> float:
-        mean = sum(self.upstream_requests) / len(self.upstream_requests) if self.upstream_requests else 0.0
-        return max(self.upstream_requests) / mean if mean else float("nan")
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(round(q / 100 * (len(ordered) - 1)), len(ordered) - 1)]
-
-
-def words(rng: random.Random, tokens: int) -> str:
-    """About ``tokens`` simulator tokens (4 bytes each) of words."""
-    out: list[str] = []
-    size = 0
-    while size < tokens * 4:
-        w = rng.choice(VOCAB)
-        out.append(w)
-        size += len(w) + 1
-    return " ".join(out)
-
-
-class Window:
-    """The measurement window: requests that start inside it count, and chunks that arrive inside it."""
-
-    def __init__(self, start: float, end: float) -> None:
-        self.start, self.end = start, end
-
-    def inside(self, t: float) -> bool:
-        return self.start <= t < self.end
-
-
-async def stream_chat(
-    session: aiohttp.ClientSession, url: str, messages: list[dict[str, str]], max_tokens: int, run: Run, window: Window
-) -> str | None:
-    """One streamed chat request; returns the reply's text (None on an error)."""
-    body = {"model": "sim", "messages": messages, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
-    sent = time.monotonic()
-    counted = window.inside(sent)
-    first: float | None = None
-    parts: list[str] = []
-    try:
-        async with session.post(url + "/v1/chat/completions", json=body) as resp:
-            if resp.status != 200:
-                await resp.read()
-                if counted:
-                    run.errors += 1
-                return None
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                choices = event.get("choices") or []
-                text = choices[0].get("delta", {}).get("content") if choices else None
-                if not text:
-                    continue
-                now = time.monotonic()
-                if first is None:
-                    first = now
-                if window.inside(now):
-                    run.tokens += 1
-                parts.append(text)
-    except (TimeoutError, aiohttp.ClientError):
-        if counted:
-            run.errors += 1
-        return None
-    if counted and first is not None:
-        run.ttft.append(first - sent)
-        run.requests += 1
-    return "".join(parts)
 
 
 async def multi_turn_client(
@@ -244,7 +102,7 @@ async def multi_turn_client(
         messages = [{"role": "system", "content": rng.choice(systems)}]
         for _ in range(rng.randint(6, 14)):
             messages.append({"role": "user", "content": words(rng, rng.randint(80, 250))})
-            reply = await stream_chat(session, url, messages, rng.randint(48, 96), run, window)
+            reply = await stream_chat(session, url, "sim", messages, rng.randint(48, 96), run, window)
             if reply is None or time.monotonic() >= window.end:
                 break
             messages.append({"role": "assistant", "content": reply})
@@ -265,22 +123,8 @@ async def control_client(
     while time.monotonic() < window.end:
         i += 1
         prompt = f"{tag} request {client}-{i}: " + words(rng, rng.randint(800, 5000))
-        await stream_chat(session, url, [{"role": "user", "content": prompt}], rng.randint(48, 96), run, window)
+        await stream_chat(session, url, "sim", [{"role": "user", "content": prompt}], rng.randint(48, 96), run, window)
         await asyncio.sleep(think_s * rng.uniform(0.5, 1.5))
-
-
-def scrape(url: str) -> dict[str, float]:
-    """Sums of the simulator's counters that matter here, by sample name."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[sample.name] = out.get(sample.name, 0.0) + sample.value
-            if sample.name.startswith("sweetspot_routing_") and sample.labels:
-                key = f"{sample.name}|{','.join(sample.labels.values())}"
-                out[key] = sample.value
-    return out
 
 
 async def drive(workload: str, url: str, args: argparse.Namespace, run: Run, tag: str) -> None:
@@ -288,9 +132,7 @@ async def drive(workload: str, url: str, args: argparse.Namespace, run: Run, tag
     window = Window(t0 + args.warmup, t0 + args.warmup + args.duration)
     rng = random.Random(f"{args.seed}-{workload}")
     systems = [f"{tag} system prompt {k}: " + words(rng, 800) for k in range(4)]
-    connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=300)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with client_session() as session:
         clients = []
         for c in range(args.clients):
             crng = random.Random(f"{args.seed}-{workload}-{c}")
@@ -298,38 +140,14 @@ async def drive(workload: str, url: str, args: argparse.Namespace, run: Run, tag
                 clients.append(multi_turn_client(session, url, crng, systems, run, window, args.think))
             else:
                 clients.append(control_client(session, url, crng, tag, c, run, window, args.think))
-
-        async def staggered(k: int, coro: object) -> None:
-            await asyncio.sleep(k * args.stagger)
-            await coro  # type: ignore[misc]
-
-        await asyncio.gather(*(staggered(k, c) for k, c in enumerate(clients)))
+        await staggered(clients, args.stagger)
     run.seconds = args.duration
 
 
 def one_run(
     workload: str, policy: str, sims: list[RunningProcess], args: argparse.Namespace, tag: str, round_: int
 ) -> Run:
-    cmd = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        "--port",
-        "0",
-        "--no-control",
-        "--routing",
-        policy,
-        "--initial-limit",
-        str(args.limit),
-        "--log-level",
-        "warning",
-    ]
-    for sim in sims:
-        cmd += ["--upstream", sim.url]
-    gateway, url = start(
-        cmd, LISTENING, env={"SWEETSPOT_ACCESS_LOG": "false", "SWEETSPOT_ROUTING_LOAD_WEIGHT": str(args.load_weight)}
-    )
+    gateway, url = start_gateway(policy, args.limit, sims, {"SWEETSPOT_ROUTING_LOAD_WEIGHT": str(args.load_weight)})
     run = Run(workload, policy, round_)
     try:
         before = [scrape(sim.url) for sim in sims]
@@ -339,21 +157,15 @@ def one_run(
     finally:
         gateway.stop()
 
-    def delta(name: str) -> list[float]:
-        return [a.get(name, 0.0) - b.get(name, 0.0) for a, b in zip(after, before, strict=True)]
-
-    run.upstream_requests = delta("vllm:request_success_total")
-    queries, hits = sum(delta("vllm:prefix_cache_queries_total")), sum(delta("vllm:prefix_cache_hits_total"))
+    run.upstream_requests = deltas(after, before, "vllm:request_success_total")
+    queries = sum(deltas(after, before, "vllm:prefix_cache_queries_total"))
+    hits = sum(deltas(after, before, "vllm:prefix_cache_hits_total"))
     run.sim_hit_rate = hits / queries if queries else 0.0
-    chunks = sum(v for k, v in gw.items() if k.startswith("sweetspot_routing_prefix_chunks_total|"))
-    hit_chunks = sum(v for k, v in gw.items() if k.startswith("sweetspot_routing_prefix_hit_chunks_total|"))
+    chunks = sum(labelled(gw, "sweetspot_routing_prefix_chunks_total").values())
+    hit_chunks = sum(labelled(gw, "sweetspot_routing_prefix_hit_chunks_total").values())
     run.gateway_hit_estimate = hit_chunks / chunks if chunks else None
-    run.decisions = {k.split("|", 1)[1]: v for k, v in gw.items() if k.startswith("sweetspot_routing_decisions_total|")}
+    run.decisions = labelled(gw, "sweetspot_routing_decisions_total")
     return run
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
 
 
 def summary(runs: list[Run]) -> list[dict[str, object]]:
@@ -467,63 +279,28 @@ def report(runs: list[Run]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--upstreams", type=int, default=4)
-    parser.add_argument("--clients", type=int, default=48, help="closed-loop clients (conversations at a time)")
-    parser.add_argument("--limit", type=int, default=16, help="fixed concurrency limit per upstream")
-    parser.add_argument("--think", type=float, default=0.5, help="mean seconds between a reply and the next turn")
-    parser.add_argument("--stagger", type=float, default=0.1, help="seconds between client starts")
-    parser.add_argument("--warmup", type=float, default=20.0)
-    parser.add_argument("--duration", type=float, default=40.0)
-    parser.add_argument("--time-scale", type=float, default=1.0)
-    parser.add_argument("--profile", default="qwen3.6-35b-a3b-32gb")
+    add_load_args(
+        parser,
+        clients=(48, "closed-loop clients (conversations at a time)"),
+        think=(0.5, "mean seconds between a reply and the next turn"),
+        stagger=0.1,
+        warmup=20.0,
+        duration=40.0,
+    )
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--load-weight", type=float, default=1.0, help="the gateway's routing_load_weight")
-    parser.add_argument("--rounds", type=int, default=1, help="repeat every run, rotating the policies' order")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path)
+    add_round_args(parser)
     add_quick(parser, QUICK)
     args = parse(parser)
 
     sims: list[RunningProcess] = []
     runs: list[Run] = []
-
-    def start_sim(i: int) -> RunningProcess:
-        proc, _ = start(
-            [
-                sys.executable,
-                "-m",
-                "gateway",
-                "sim",
-                "--port",
-                "0",
-                "--profile",
-                args.profile,
-                "--max-model-len",
-                "16384",
-                "--time-scale",
-                str(args.time_scale),
-                "--model-name",
-                "sim",
-                "--seed",
-                str(i),
-            ],
-            LISTENING,
-        )
-        return proc
-
     try:
-        with ThreadPoolExecutor(args.upstreams) as pool:  # side by side: each takes a second or two to start
-            futures = [pool.submit(start_sim, i) for i in range(args.upstreams)]
-            for future in futures:
-                with contextlib.suppress(Exception):  # raised again below, once every started one is kept
-                    sims.append(future.result())
-            for future in futures:
-                future.result()
+        sims = start_sims(args.upstreams, args.profile, args.time_scale, "sim", ["--max-model-len", "16384"])
         for round_ in range(args.rounds):
             for workload in args.workloads:
-                # the order rotates per round, so a drift of the (shared) machine hits every policy alike
-                shift = round_ % len(args.policies)
-                for policy in args.policies[shift:] + args.policies[:shift]:
+                for policy in rotated(args.policies, round_):
                     tag = f"run-{workload}-{policy}-{time.time_ns()}"
                     console.print(f"[bold]round {round_}: {workload} / {policy}[/] ...")
                     run = one_run(workload, policy, sims, args, tag, round_)
@@ -539,18 +316,7 @@ def main() -> None:
     rows = summary(runs)
     report_summary(rows)
     if args.json:
-        per_run = [
-            {k: v for k, v in asdict(r).items() if k != "ttft"}
-            | {
-                "ttft_p50_s": pct(r.ttft, 50),
-                "ttft_p99_s": pct(r.ttft, 99),
-                "tokens_per_s": r.tokens_per_s,
-                "max_over_mean_load": r.max_over_mean_load,
-            }
-            for r in runs
-        ]
-        payload = {"args": {k: str(v) for k, v in vars(args).items()}, "summary": rows, "runs": per_run}
-        args.json.write_text(json.dumps(payload, indent=2))
+        write_json(args.json, args, rows, runs, ("tokens_per_s", "max_over_mean_load"))
 
 
 if __name__ == "__main__":

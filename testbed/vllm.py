@@ -143,20 +143,27 @@ def ensure_model(spec: HFModelSpec = SMALL, python: Path | None = None) -> Path:
     A lock file serialises concurrent sessions; the generator writes next to the destination and renames,
     so nobody sees half a model.
     """
-    root = cache_dir() / "hf-models"
-    path = root / f"{spec.model_type}-{spec.layers}x{spec.hidden}-{spec.key()}"
-    if (path / "config.json").is_file():
+    path = cache_dir() / "hf-models" / f"{spec.model_type}-{spec.layers}x{spec.hidden}-{spec.key()}"
+    return _generated(path, "config.json", MAKE_MODEL, spec.args(), python, timeout_s=600)
+
+
+def _generated(
+    path: Path, marker: str, script: Path, args: list[str], python: Path | None, *, timeout_s: float
+) -> Path:
+    """``path``, once ``path / marker`` exists: when it does not, ``script --out path *args`` run with the vLLM
+    venv's python under a lock file, so concurrent sessions generate it once."""
+    if (path / marker).is_file():
         return path
-    root.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     interpreter = python if python is not None else vllm_python()
-    with open(root / f".lock-{path.name}", "w") as lock:
+    with open(path.parent / f".lock-{path.name}", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (path / "config.json").is_file():
+        if not (path / marker).is_file():
             done = subprocess.run(
-                [str(interpreter), str(MAKE_MODEL), "--out", str(path), *spec.args()],
+                [str(interpreter), str(script), "--out", str(path), *args],
                 capture_output=True,
                 text=True,
-                timeout=600,
+                timeout=timeout_s,
             )
             if done.returncode != 0:
                 raise RuntimeError(f"generating {path} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
@@ -192,24 +199,10 @@ def ensure_lora_adapter(model: Path, spec: LoraSpec = LoraSpec(), python: Path |
     """A LoRA adapter directory for the generated ``model``, generated with the vLLM venv's python when missing
     (under a lock, written next to its place and renamed, as :func:`ensure_model` does)."""
     key = hashlib.sha256(json.dumps([model.name, asdict(spec)], sort_keys=True).encode()).hexdigest()[:12]
-    root = cache_dir() / "lora-adapters"
-    path = root / f"{model.name}-r{spec.rank}-{key}"
-    if (path / "adapter_config.json").is_file():
-        return path
-    root.mkdir(parents=True, exist_ok=True)
-    interpreter = python if python is not None else vllm_python()
-    with open(root / f".lock-{path.name}", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (path / "adapter_config.json").is_file():
-            done = subprocess.run(
-                [str(interpreter), str(MAKE_LORA), "--model", str(model), "--out", str(path), *spec.args()],
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            if done.returncode != 0:
-                raise RuntimeError(f"generating {path} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return path
+    path = cache_dir() / "lora-adapters" / f"{model.name}-r{spec.rank}-{key}"
+    return _generated(
+        path, "adapter_config.json", MAKE_LORA, ["--model", str(model), *spec.args()], python, timeout_s=300
+    )
 
 
 @dataclass(frozen=True)

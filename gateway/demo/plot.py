@@ -12,11 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.demo.elastic import ElasticSummary
 from gateway.demo.script import TOLERANCE, Phase
 from gateway.demo.summary import PhaseSummary
 from gateway.demo.timeline import Sample
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 
 def _series(samples: Sequence[Sample], name: str) -> tuple[list[float], list[float]]:
@@ -27,6 +32,33 @@ def _series(samples: Sequence[Sample], name: str) -> tuple[list[float], list[flo
             xs.append(s.t)
             ys.append(float(value))
     return xs, ys
+
+
+def _name_phase(ax: Axes, name: str, start_s: float, end_s: float) -> None:
+    """A phase's name above the panel ``ax``, centred on the phase."""
+    ax.annotate(
+        name,
+        xy=((start_s + end_s) / 2, 1.0),
+        xycoords=("data", "axes fraction"),
+        xytext=(0, 4),
+        textcoords="offset points",
+        ha="center",
+        va="bottom",
+        fontsize=8,
+    )
+
+
+def _save(fig: Figure, title: str, path: str | Path) -> Path:
+    """Title ``fig``, write it to ``path`` (its folder made) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target
 
 
 def plot_timeline(
@@ -87,23 +119,8 @@ def plot_timeline(
             ax.axvline(start, color="0.3", linewidth=0.8, linestyle="-")
     for summary, phase in zip(summaries, phases, strict=False):  # an interrupted demo summarised fewer phases
         label = phase.name + (f" ({phase.speed_factor:g}x slow)" if phase.speed_factor != 1.0 else "")
-        top.annotate(
-            label,
-            xy=((summary.start_s + summary.end_s) / 2, 1.0),
-            xycoords=("data", "axes fraction"),
-            xytext=(0, 4),
-            textcoords="offset points",
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(target, dpi=110)
-    plt.close(fig)
-    return target
+        _name_phase(top, label, summary.start_s, summary.end_s)
+    return _save(fig, title, path)
 
 
 def plot_elastic(
@@ -187,20 +204,5 @@ def plot_elastic(
                 color="tab:red",
             )
     for p in summary.pool:
-        top.annotate(
-            p.name,
-            xy=((p.start_s + p.end_s) / 2, 1.0),
-            xycoords=("data", "axes fraction"),
-            xytext=(0, 4),
-            textcoords="offset points",
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(target, dpi=110)
-    plt.close(fig)
-    return target
+        _name_phase(top, p.name, p.start_s, p.end_s)
+    return _save(fig, title, path)

@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 from rich.console import Console
 
-from gateway.common.processes import LISTENING, ProcessError, process_factory, sweetspot_module
+from gateway.common.processes import LISTENING, ProcessError, RunningProcess, process_factory, sweetspot_module
 from gateway.demo.joining import (
     ElasticError,
     ElasticRun,
@@ -332,14 +332,18 @@ def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
     with _sigterm_interrupts():
         try:
             with process_factory() as start:
-                sim = start(
-                    _sim_command(options, options.seed),
-                    ready_pattern=LISTENING,
-                    ready_url="{url}/health",
-                    timeout=60,
-                    log_path=out / "sim.log",
-                    die_with_parent=True,
-                )
+
+                def start_sim(seed: int, log: str) -> RunningProcess:
+                    return start(
+                        _sim_command(options, seed),
+                        ready_pattern=LISTENING,
+                        ready_url="{url}/health",
+                        timeout=60,
+                        log_path=out / log,
+                        die_with_parent=True,
+                    )
+
+                sim = start_sim(options.seed, "sim.log")
                 pids["sim"] = sim.pid
                 console.print(f"simulator listening on {sim.url}", highlight=False)
                 result = _sweep(console, sim.url, script, workload, options.time_scale, out / "sweep")
@@ -348,14 +352,7 @@ def run_demo(options: DemoOptions, console: Console) -> DemoOutcome:
                 if script.elastic:
                     # Up before the load starts, like a new server that has loaded its model: what the join
                     # phase does is list it, not start it.
-                    sim2 = start(
-                        _sim_command(options, options.seed + 1),
-                        ready_pattern=LISTENING,
-                        ready_url="{url}/health",
-                        timeout=60,
-                        log_path=out / "sim-2.log",
-                        die_with_parent=True,
-                    )
+                    sim2 = start_sim(options.seed + 1, "sim-2.log")
                     pids["sim-2"] = sim2.pid
                     elastic = elastic_run(script, result, files["upstreams file"], sim.url, sim2.url)
                     write_upstreams_file(elastic.file, elastic.listed)

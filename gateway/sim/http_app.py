@@ -103,12 +103,6 @@ def create_sim_app(config: SimConfig) -> FastAPI:
     async def _bad_request(_: Request, exc: BadRequest) -> JSONResponse:
         return JSONResponse(shapes.error_body(exc.message, exc.err_type, exc.status, exc.param), exc.status)
 
-    async def _json(request: Request) -> Any:
-        try:
-            return await request.json()
-        except ValueError:
-            raise BadRequest("request body is not valid JSON") from None
-
     async def _generate(request: Request, chat: bool) -> Response:
         req = parse_generation(
             await _json(request),
@@ -277,9 +271,7 @@ def create_sim_app(config: SimConfig) -> FastAPI:
     async def responses(request: Request) -> Response:
         """The Responses API, whole replies only (no streaming): a chat turn whose prompt also counts the
         conversation so far when ``previous_response_id`` names a response stored here, as vLLM keeps them."""
-        body = await _json(request)
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
+        body = await _json_object(request)
         if body.get("stream"):
             raise BadRequest("the simulator's /v1/responses does not stream", param="stream")
         previous = body.get("previous_response_id")
@@ -362,18 +354,9 @@ def _add_lora_routes(app: FastAPI, engine: Engine) -> None:
     def error(message: str, kind: str, status: int) -> JSONResponse:
         return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
 
-    async def body_of(request: Request) -> dict[str, Any]:
-        try:
-            body = await request.json()
-        except ValueError:
-            raise BadRequest("request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
-        return body
-
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> Response:
-        body = await body_of(request)
+        body = await _json_object(request)
         name, path = body.get("lora_name"), body.get("lora_path")
         if not name or not path or not isinstance(name, str) or not isinstance(path, str):
             return error("Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput", 400)
@@ -383,7 +366,7 @@ def _add_lora_routes(app: FastAPI, engine: Engine) -> None:
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(request: Request) -> Response:
-        body = await body_of(request)
+        body = await _json_object(request)
         name = body.get("lora_name")
         if not name or not isinstance(name, str):
             return error("'lora_name' needs to be provided to unload a LoRA adapter.", "InvalidUserInput", 400)
@@ -434,12 +417,7 @@ def _add_admin_routes(app: FastAPI, engine: Engine, runner: Callable[[], EngineR
 
     @app.post("/admin/scenario")
     async def set_scenario(request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            raise BadRequest("request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
+        body = await _json_object(request)
         known = {"reset", "speed_factor", "kv_fraction", "max_num_seqs", "error_rate", "error_status", "stall_s"}
         unknown = sorted(set(body) - known)
         if unknown:
@@ -461,6 +439,22 @@ def _add_admin_routes(app: FastAPI, engine: Engine, runner: Callable[[], EngineR
             raise BadRequest(str(exc)) from None
         r.scenario_changed()
         return JSONResponse(view())
+
+
+async def _json(request: Request) -> Any:
+    """The request's body parsed as JSON; 400 when it is not JSON."""
+    try:
+        return await request.json()
+    except ValueError:
+        raise BadRequest("request body is not valid JSON") from None
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    """The request's body as a JSON object; 400 when it is not JSON or not an object."""
+    body = await _json(request)
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
 
 
 async def _disconnected(request: Request) -> None:

@@ -28,6 +28,8 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -364,6 +366,22 @@ WORDS = [
 ]
 
 
+@contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A fresh directory next to ``out`` to write into; renamed to ``out`` (replacing it) when the block ends,
+    removed when it raises, so a reader never sees a half-written ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield staging
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
 def corpus(lines: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 24))) for _ in range(lines)]
@@ -430,9 +448,7 @@ def write_model(
     )
     config = AutoConfig.for_model(model_type, **{**fields, **(extra or {})})
     model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged(out) as staging:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         params = sum(p.numel() for p in model.parameters())
@@ -455,12 +471,6 @@ def write_model(
             )
             + "\n"
         )
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def main() -> None:

@@ -13,18 +13,17 @@ it with ``/v1/load_lora_adapter`` or ``--lora-modules``): ``adapter_config.json`
 are random (fixed seed) and large enough that a greedy answer through the adapter differs from the base model's,
 so a test can tell which one answered. The directory is written next to ``--out`` and renamed into place.
 
-This file imports nothing from the project: it runs in another interpreter.
+This file imports nothing from the project but its sibling ``make_hf_model.py``: it runs in another interpreter.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from make_hf_model import staged  # the sibling script: this file runs from its own folder
 
 TARGETS = ("q_proj", "v_proj")
 
@@ -68,17 +67,9 @@ def write_adapter(model: Path, out: Path, *, rank: int, alpha: int, seed: int, s
         "init_lora_weights": True,
         "inference_mode": True,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged(out) as staging:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(staging / "adapter_model.safetensors"))
         (staging / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from gateway.settings import Settings
 from gateway.sweep.result import load_sweep_result
@@ -45,10 +46,11 @@ def _children(pid: int) -> set[int]:
     return found
 
 
-def test_quick_demo_runs_to_the_end_without_a_terminal(tmp_path: Path) -> None:
-    out = tmp_path / "demo"
+def _run_demo(out: Path, options: list[str], expected: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
+    """Run the quick demo into ``out`` without a terminal; check that it ends well, in plain text, saying each of
+    ``expected``; return its output and its demo.json."""
     proc = subprocess.run(
-        [*DEMO, "--out", str(out), "--print-every", "2"],
+        [*DEMO, *options, "--out", str(out)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -58,19 +60,27 @@ def test_quick_demo_runs_to_the_end_without_a_terminal(tmp_path: Path) -> None:
     text = proc.stdout
     assert proc.returncode == 0, text[-4000:]
     assert not ANSI.search(text), "plain output expected without a terminal (no colours, no cursor moves)"
-    for expected in (
-        "simulator listening on",
-        "sweet spot:",
-        "gateway listening on",
-        "phase 1/5: light",
-        "phase 3/5: slow backend",
-        "where the controller held",
-        "result:",
-        "files:",
-    ):
-        assert expected in text, f"{expected!r} missing from the demo's output:\n{text[-4000:]}"
+    for phrase in expected:
+        assert phrase in text, f"{phrase!r} missing from the demo's output:\n{text[-4000:]}"
+    return text, json.loads((out / "demo.json").read_text())
 
-    doc = json.loads((out / "demo.json").read_text())
+
+def test_quick_demo_runs_to_the_end_without_a_terminal(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    _, doc = _run_demo(
+        out,
+        ["--print-every", "2"],
+        (
+            "simulator listening on",
+            "sweet spot:",
+            "gateway listening on",
+            "phase 1/5: light",
+            "phase 3/5: slow backend",
+            "where the controller held",
+            "result:",
+            "files:",
+        ),
+    )
     assert doc["kind"] == "sweetspot.demo" and doc["interrupted"] is False
     sweep = load_sweep_result(out / "sweep" / "sweep.json")
     assert sweep.sweet_spot is not None and doc["sweep"]["sweet_spot"] == sweep.sweet_spot.concurrency
@@ -112,31 +122,21 @@ def test_quick_elastic_demo_shows_a_backend_joining(tmp_path: Path) -> None:
     gateway's upstreams file joins the running gateway (the same discovery path as production), at its sibling's
     limit; the capacity signal is read from /metrics; the final tables and demo.json report the join."""
     out = tmp_path / "demo"
-    proc = subprocess.run(
-        [*DEMO, "--elastic", "--out", str(out), "--print-every", "3"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        timeout=300,
-        text=True,
+    text, doc = _run_demo(
+        out,
+        ["--elastic", "--print-every", "3"],
+        (
+            "second simulator listening on",
+            "phase 1/2: one backend",
+            "listed backend-2",
+            "phase 2/2: second joins",
+            "capacity signal: desired",
+            "the pool (steady part of each phase)",
+            "each upstream (steady part of each phase)",
+            "backend-2 joined at",
+            "result: backend-2 joined the running gateway; no client request failed",
+        ),
     )
-    text = proc.stdout
-    assert proc.returncode == 0, text[-4000:]
-    assert not ANSI.search(text)
-    for expected in (
-        "second simulator listening on",
-        "phase 1/2: one backend",
-        "listed backend-2",
-        "phase 2/2: second joins",
-        "capacity signal: desired",
-        "the pool (steady part of each phase)",
-        "each upstream (steady part of each phase)",
-        "backend-2 joined at",
-        "result: backend-2 joined the running gateway; no client request failed",
-    ):
-        assert expected in text, f"{expected!r} missing from the demo's output:\n{text[-4000:]}"
-
-    doc = json.loads((out / "demo.json").read_text())
     elastic = doc["elastic"]
     sim2 = next(url for url, label in elastic["labels"].items() if label == "backend-2")
     assert (out / "upstreams.txt").read_text().split("\n")[1:3] == list(elastic["labels"]), "both listed at the end"

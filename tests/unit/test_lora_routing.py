@@ -9,7 +9,6 @@ never changed by it: a cold adapter keeps its place.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 from gateway.server.admission.admission_queue import AdmissionQueue, Limiter
 from gateway.server.admission.lora_affinity import (
@@ -22,18 +21,12 @@ from gateway.server.admission.lora_affinity import (
 )
 from gateway.server.admission.routing import PrefixMap, PrefixRouter, RouteHint, RouteObserver
 from gateway.telemetry.backends.snapshot import LoraState
+from tests.unit.test_routing import Target
 
 
 class Clock:
     def __call__(self) -> float:
         return 100.0
-
-
-@dataclass
-class Target:
-    name: str
-    limiter: Limiter
-    healthy: bool = True
 
 
 class Recorder(RouteObserver):
