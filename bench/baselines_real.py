@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -133,14 +134,17 @@ async def compare(
     measure_s: float,
     between: Callable[[], Awaitable[None]] | None = None,
     preemptions: Callable[[], float] | None = None,
+    converging: list[int] | None = None,
 ) -> dict[str, Any]:
-    """Converge the controller, then ``rounds`` rotated rounds of every configuration; everything measured."""
+    """Converge the controller, then ``rounds`` rotated rounds of every configuration; everything measured
+    (and, into ``converging``, the controller's limit every 0.5 s while it converges)."""
     controller = gateways["controller"]
     config = upstream_state(controller)["controller"]["config"]
     objectives = Objectives(ttft_s=config["ttft_p99_slo_s"], tpot_s=config["tpot_p99_slo_s"])
     if between is not None:
         await between()
-    await load(controller, seconds=converge_s, warmup_s=0.0, objectives=objectives)
+    trace = None if converging is None else (lambda: converging.append(limit_of(controller)))
+    await load(controller, seconds=converge_s, warmup_s=0.0, objectives=objectives, on_tick=trace)
     runs: dict[str, list[Run]] = {name: [] for name in gateways}
     limits: dict[str, list[int]] = {name: [] for name in gateways}
     preempted: dict[str, list[float]] = {name: [] for name in gateways}
@@ -309,7 +313,18 @@ def write_docs(path: Path, text: str) -> None:
 
 
 def main() -> None:
+    if "--range" in sys.argv[1:]:
+        from bench import real_range  # it imports this module's comparison
+
+        real_range.main([arg for arg in sys.argv[1:] if arg != "--range"])
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--range",
+        action="store_true",
+        help="the controller at its defaults against the best static limit on llama-server with 1, 4 and 16 slots "
+        "and vLLM with two KV budgets, one table (bench/real_range.py; --range --help for its options)",
+    )
     parser.add_argument("--servers", nargs="+", choices=["llama-server", "vllm"], default=["llama-server", "vllm"])
     parser.add_argument("--llama-rounds", type=int, default=5)
     parser.add_argument("--llama-converge-s", type=float, default=LLAMA_CONVERGE_S, help="llama-server's converging")

@@ -227,6 +227,24 @@ def test_baselines_real_quick(tmp_path):
     assert not problems, problems
 
 
+def test_baselines_real_range_quick(tmp_path):
+    """``--range --quick``: llama-server with 1 and 4 slots (the vLLM cases need minutes of vLLM's start-up);
+    every figure of the recorded run's same cases, and the table between the markers."""
+    out = tmp_path / "range.json"
+    docs = tmp_path / "controller.md"
+    docs.write_text("before\n<!-- baselines-real-range:begin -->\nSTALE\n<!-- baselines-real-range:end -->\nafter\n")
+    run_bench("baselines_real", "--range", "--quick", "--json", str(out), "--docs", str(docs))
+    got = json.loads(out.read_text())
+    assert set(got) == {"llama-1", "llama-4"}, got
+    full = recorded("baselines-real-range.json")
+    problems = [m for key in got for m in missing(full[key], got[key], f"$.{key}")]
+    assert not problems, problems
+    assert got["llama-4"]["setting"]["statics"] == [1, 2, 4, 8]
+    text = docs.read_text()
+    assert text.startswith("before\n") and text.endswith("after\n") and "STALE" not in text
+    assert text.count("| llama-server |") == 2, text
+
+
 def test_controller_scenarios_one(tmp_path):
     out = tmp_path / "scenarios.json"
     run_bench("controller_scenarios", "start_from_sweep", "--json", str(out))
@@ -269,6 +287,22 @@ def test_routing_quick(tmp_path):
     assert not problems, problems
 
 
+def test_lora_quick(tmp_path):
+    out = tmp_path / "lora.json"
+    run_bench("lora", "--quick", "--json", str(out))
+    got = json.loads(out.read_text())
+    full = recorded("lora.json")
+    assert {row["policy"] for row in got["summary"]} == {"affinity", "least_loaded"}
+    # placements: counts by where the adapter stood, which depend on the policy and the run
+    runs = [{k: v for k, v in run.items() if k != "placements"} for run in full["runs"]]
+    problems = missing({"summary": full["summary"], "runs": runs}, got)
+    assert all("placements" in run for run in got["runs"])
+    assert not problems, problems
+    affinity = next(run for run in got["runs"] if run["policy"] == "affinity")
+    assert sum(affinity["placements"].values()) > 0  # the gateway placed adapters by affinity
+    assert all(run["requests"] > 0 and run["errors"] == 0 for run in got["runs"])
+
+
 def test_sim_throughput_quick(tmp_path):
     out = tmp_path / "sim_throughput.json"
     run_bench("sim_throughput", "--quick", "--json", str(out))
@@ -287,6 +321,17 @@ def test_soak_quick(tmp_path):
     assert not missing({k: v for k, v in full.items() if k != "endings"}, got)
     assert got["endings"].get("completed"), got["endings"]
     assert {name for _, name in got["faults"]} == set(FAULTS), got["faults"]
+
+
+def test_autoscaling_quick(tmp_path):
+    """The three recipes over the ramp at a tenth of its length: every figure of docs/autoscaling.json, and the
+    plot written."""
+    out, png = tmp_path / "autoscaling.json", tmp_path / "autoscaling.png"
+    run_bench("autoscaling", "--quick", "--json", str(out), "--plot", str(png))
+    got = json.loads(out.read_text())
+    assert not missing(recorded("autoscaling.json"), got)
+    assert [r["recipe"] for r in got["recipes"]] == ["signal", "waiting", "gpu_util"]
+    assert png.stat().st_size > 0
 
 
 def test_tenants_quick(tmp_path):
