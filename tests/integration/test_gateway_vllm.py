@@ -330,9 +330,12 @@ def collector_paused() -> Iterator[None]:
 
 def hang_up_at_first_token(gateway: str, url: str, asked: int) -> tuple[float, float, float]:
     """One streamed completion of ``asked`` tokens, closed by its client at the first token: (tokens vLLM
-    made for it, seconds from the hang-up until the gateway held no permit, until vLLM ran nothing)."""
+    made for it, seconds from the hang-up until the gateway held no permit, until vLLM ran nothing). Both
+    ends are watched in the same loop, so each time is when that end let go, not one after the other."""
     wait_for(lambda: idle(url), 30, "vLLM idle before the hang-up")
     generated_before = vllm_metric(url, "vllm:generation_tokens_total")
+    released_after: float | None = None
+    ended_after: float | None = None
     with collector_paused():
         stream = sdk(gateway).completions.create(
             model=MODEL, prompt="Once upon a time", max_tokens=asked, stream=True, extra_body={"ignore_eos": True}
@@ -342,24 +345,40 @@ def hang_up_at_first_token(gateway: str, url: str, asked: int) -> tuple[float, f
                 break
         hung_up = time.monotonic()
         stream.close()
-        wait_for(lambda: upstream_state(gateway, url)["inflight"] == 0, 5, "the gateway releasing the permit")
-        released_after = time.monotonic() - hung_up
-    wait_for(lambda: vllm_metric(url, "vllm:num_requests_running") == 0, 30, "vLLM ending the request")
-    ended_after = time.monotonic() - hung_up
+        while released_after is None or ended_after is None:
+            since = time.monotonic() - hung_up
+            if released_after is None:
+                assert since < 5, "the gateway held the permit 5 s after the hang-up"
+                if upstream_state(gateway, url)["inflight"] == 0:
+                    released_after = time.monotonic() - hung_up
+            if ended_after is None:
+                assert since < 30, "vLLM ran the request 30 s after the hang-up"
+                if vllm_metric(url, "vllm:num_requests_running") == 0:
+                    ended_after = time.monotonic() - hung_up
+            time.sleep(0.02)
     return vllm_metric(url, "vllm:generation_tokens_total") - generated_before, released_after, ended_after
+
+
+#: What one round of the watch loop above can take on a busy machine (a /state and a vLLM /metrics read): the
+#: gateway's release and vLLM's end, seen in different rounds, can be this far out of order.
+WATCH_ROUND_S = 0.5
 
 
 def test_client_hang_up_mid_stream_ends_vllms_request_and_frees_the_permit(config, gateway) -> None:
     """The client closes its stream at the first token: the gateway releases the permit and counts a client
-    cancellation within a second, every time, and vLLM aborts the request (it makes fewer tokens than were
-    asked for) and runs nothing within a second.
+    cancellation, and vLLM aborts the request (it makes fewer tokens than were asked for) and runs nothing,
+    within a second.
 
     Both of vLLM's parts depend on how busy the machine is, not on the gateway. The small model decodes a
     thousand tokens a second in an engine-core process of its own, and on a busy machine it can finish all
     2,000 tokens before the API server has passed the first one on, with or without the gateway; and the API
-    server, starved, can take seconds to act on a closed connection (docs/vllm.md). So the hang-up is tried
-    up to :data:`HANG_UP_ATTEMPTS` times, until vLLM aborts one within a second; an abort never seen (every
-    attempt running to its end) fails, as does a gateway slow to let go."""
+    server, starved, can take seconds to act on a closed connection (docs/vllm.md). The gateway shares those
+    two cores: starved with them, it can take over a second too. So the hang-up is tried up to
+    :data:`HANG_UP_ATTEMPTS` times, until one shows all of it within a second (the gateway releasing, vLLM
+    aborting and ending); in every try, the gateway lets go within a second or no later than vLLM ended the
+    request (vLLM learns of the hang-up only from the gateway closing its connection, so a gateway that kept
+    the permit past that held it for nothing). An abort never seen (every attempt running to its end) fails,
+    as does a try where the gateway held the permit longer than vLLM took to stop."""
     url = config.base_url
     asked = 2000
     tries: list[tuple[float, float, float]] = []
@@ -367,15 +386,19 @@ def test_client_hang_up_mid_stream_ends_vllms_request_and_frees_the_permit(confi
         cancelled_before = outcomes(gateway, url, "client_cancelled")
         generated, released_after, ended_after = hang_up_at_first_token(gateway, url, asked)
         tries.append((generated, round(released_after, 2), round(ended_after, 2)))
-        assert released_after < 1.0, f"the gateway held the permit {released_after:.2f} s after the hang-up"
+        assert released_after < max(1.0, ended_after + WATCH_ROUND_S), (
+            f"the gateway held the permit {released_after:.2f} s after the hang-up, vLLM ended the request after "
+            f"{ended_after:.2f} s (tokens, gateway release s, vLLM end s): {tries}"
+        )
         if generated < asked:
             assert outcomes(gateway, url, "client_cancelled") == cancelled_before + 1
-            if ended_after < 1.0:
+            if ended_after < 1.0 and released_after < 1.0:
                 break
     aborted = [t for t in tries if t[0] < asked]
     assert aborted, f"in {len(tries)} tries vLLM made all {asked} tokens before the hang-up reached it: {tries}"
-    assert any(t[2] < 1.0 for t in aborted), (
-        f"vLLM never ended an aborted request within 1 s (tokens, gateway release s, vLLM end s): {tries}"
+    assert any(t[1] < 1.0 and t[2] < 1.0 for t in aborted), (
+        f"no try had the gateway release and vLLM end an aborted request within 1 s "
+        f"(tokens, gateway release s, vLLM end s): {tries}"
     )
 
 
