@@ -258,8 +258,9 @@ class TimeoutKnobs(BaseModel):
         60.0,
         gt=0,
         description="Longest silence between two reads of a streamed answer, from its first token on (before it, "
-        "first_token_timeout_s): past it the upstream request is aborted and the client gets an error event. A "
-        "decoding server sends a token every few to few hundred ms.",
+        "first_token_timeout_s): past it the upstream request is aborted and the client gets an error event, at the "
+        "latest 1.25 times this after the last byte (the silence is looked at, not timed per read). A decoding "
+        "server sends a token every few to few hundred ms.",
     )
 
 

@@ -197,7 +197,8 @@ class SlidingWindow:
         self._credit(now, count)
 
     def _credit(self, now: float, count: int) -> None:
-        self.start(now)
+        if self._started is None:  # start(now), without the call on a path taken per streamed read
+            self._started = now
         self.tokens_total += count
         start = now - (now % self.bucket_s)
         buckets = self._token_buckets

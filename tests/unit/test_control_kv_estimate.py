@@ -166,3 +166,40 @@ def test_only_the_built_in_controller_holds_the_cap_at_admission() -> None:
     gateway = Gateway.build(Settings(upstreams=[url], control_enabled=False))
     ControlLoop.build(gateway)
     assert gateway.pool.by_name[url].holds_kv_cap is False
+
+
+class _Scraper:
+    """What ``ControlLoop.scrape`` asks of a scraper: its backend's kind and a snapshot."""
+
+    def __init__(self, snapshot: BackendSnapshot) -> None:
+        self.kind = snapshot.kind
+        self.snapshot = snapshot
+
+    async def scrape(self) -> BackendSnapshot:
+        return self.snapshot
+
+
+async def test_requests_are_estimated_only_where_a_control_tick_reads_a_kv_size() -> None:
+    """Estimating a request's KV costs the request path a walk over its prompt: it is done only while a
+    control tick may read the estimates against a KV cache's size. Control off, or a backend that reports no
+    KV cache (llama-server), skips it; a failed scrape changes nothing, and a size reported later resumes it."""
+    url = "http://127.0.0.1:9"
+    gateway = Gateway.build(Settings(upstreams=[url], control_enabled=False))
+    ControlLoop.build(gateway)
+    assert not gateway.pool.by_name[url].estimating_kv
+    gateway = Gateway.build(Settings(upstreams=[url]))
+    loop = ControlLoop.build(gateway)
+    up = gateway.pool.by_name[url]
+    assert up.estimating_kv  # nothing scraped yet: a vLLM's size may come with the first scrape
+    for snapshot, estimating in (
+        (BackendSnapshot(kind="llamacpp", total_slots=4), False),
+        (BackendSnapshot(kind="llamacpp", error="connection refused"), False),  # a failed scrape keeps it
+        (RAG, True),
+        (BackendSnapshot(kind="vllm", error="timed out"), True),
+    ):
+        loop.scrapers[url] = _Scraper(snapshot)  # type: ignore[assignment]
+        await loop.scrape()
+        assert up.estimating_kv is estimating, snapshot
+    up.window.add(finished(prompt=11_900, output=100, at=3.0))
+    up.request_footprint(4.0)
+    assert not up.estimating_kv  # measured: the estimates no longer count

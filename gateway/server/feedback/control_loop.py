@@ -106,6 +106,7 @@ class ControlLoop:
         upstream.limiter.set_limit(initial)
         # The built-in controller holds the hard cap; a baseline algorithm, or no control, reads none.
         upstream.holds_kv_cap = settings.control_enabled and algorithm is None
+        upstream.kv_estimates_read = settings.control_enabled  # the tick reads them (hard_cap), nothing else
         if start is not None and swept:
             gateway.metrics.sweet_spot.labels(upstream.name).set(start.limit)
             if start.peak_tokens_per_s:
@@ -224,9 +225,12 @@ class ControlLoop:
             upstream.streams_keep_alive = scraper.kind == "vllm"
             upstream.any_name = scraper.kind == "llamacpp"  # llama-server answers any model name
             upstream.lora = snapshot.lora  # the last known while scrapes fail (LoRA affinity reads it)
-            upstream.kv_size = kv_size(snapshot, self.gateway.settings.kv_capacity_tokens)
+            settings = self.gateway.settings
+            upstream.kv_size = kv_size(snapshot, settings.kv_capacity_tokens)
             if snapshot.error is not None:
                 self.gateway.metrics.backend_scrape_errors.labels(name).inc()
+            else:  # a backend that reports no KV cache (llama-server) has no use for the estimates
+                upstream.kv_estimates_read = settings.control_enabled and upstream.kv_size is not None
 
         await asyncio.gather(
             *(one(name, scraper) for name, scraper in self.scrapers.items() if names is None or name in names)

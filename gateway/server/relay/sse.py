@@ -31,24 +31,24 @@ class PartialEvent:
     that arrives in many reads costs its length once rather than its length times its reads: an upstream that
     never sends a separator costs the bound in memory and linear time, then ends."""
 
-    __slots__ = ("_buffer", "limit")
+    __slots__ = ("buffer", "limit")
 
     def __init__(self, limit: int) -> None:
-        self._buffer = bytearray()
+        self.buffer = bytearray()  # one object for the event's life: a reader may hold it (emptied, not replaced)
         self.limit = limit
 
     def __len__(self) -> int:
-        return len(self._buffer)
+        return len(self.buffer)
 
     def start(self, rest: bytes | memoryview) -> None:
         """Keep ``rest``, what follows the last complete event of a read (the buffer is empty)."""
-        self._buffer += rest
+        self.buffer += rest
         self._check()
 
     def extend(self, data: bytes, separator: bytes, *, crlf_may_start: bool) -> tuple[bytes | None, bytes]:
         """The kept bytes and ``data`` joined once an event's ``separator`` has come (None while the event goes
         on), and the separator: ``crlf_may_start``, a CRLF seen in the new bytes makes it CRLF's."""
-        buffer = self._buffer
+        buffer = self.buffer
         seen = len(buffer)
         buffer += data
         if crlf_may_start and separator != _CRLF_SEPARATOR and buffer.find(b"\r\n", max(seen - 1, 0)) >= 0:
@@ -62,13 +62,13 @@ class PartialEvent:
 
     def take(self) -> bytes:
         """Whatever is kept, emptying the buffer."""
-        rest = bytes(self._buffer)
-        self._buffer.clear()
+        rest = bytes(self.buffer)
+        self.buffer.clear()
         return rest
 
     def _check(self) -> None:
-        if len(self._buffer) > self.limit:
-            self._buffer = bytearray()  # the memory goes now, not when the reply ends
+        if len(self.buffer) > self.limit:
+            self.buffer.clear()  # the memory goes now, not when the reply ends
             raise EventTooLarge(self.limit)
 
 
@@ -130,6 +130,7 @@ class SSEFilter:
         self._clock = clock
         self._forward_usage = forward_usage
         self._rest = PartialEvent(max_event_bytes)  # an event not complete yet
+        self._pending = self._rest.buffer  # its bytes: tested per read without a call
         self._separator = b"\n\n"
         self._framed = False  # the separator is settled once the first event is complete
         self.seen_token = False
@@ -145,7 +146,7 @@ class SSEFilter:
         """Bytes to send to the client for this read: every complete event, filtered."""
         if (
             self.seen_token
-            and not self._rest
+            and not self._pending
             and data.endswith(self._separator)
             and b'"usage"' not in data
             and b'"error"' not in data
@@ -159,7 +160,7 @@ class SSEFilter:
             if data.endswith(self._done_end):
                 self.finished = True
             return data
-        if self._rest:
+        if self._pending:
             joined, self._separator = self._rest.extend(data, self._separator, crlf_may_start=not self._framed)
             if joined is None:
                 return b""  # the event goes on

@@ -500,7 +500,7 @@ class Forward:
                     code="upstream_disconnected",
                 ),
             )
-        reply.response.release()
+        reply.release()
         status = reply.status
         outcome = Outcome.OK if status < 400 else Outcome.CLIENT_ERROR if status < 500 else Outcome.UPSTREAM_ERROR
         if status == 200:

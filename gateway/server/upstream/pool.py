@@ -65,6 +65,9 @@ class Upstream:
     holds_kv_cap: bool = False
     # The KV of the requests that may run here, estimated from their bodies, until a footprint is measured.
     kv_estimates: PromptEstimates = field(default_factory=PromptEstimates)
+    # Whether anything reads those estimates: a control tick (control on) of a backend whose KV cache's size is
+    # known or not yet reported. False skips estimating each request's size (control off, llama-server).
+    kv_estimates_read: bool = True
     # The LoRA state of vLLM's last scrape (vllm:lora_requests_info): adapters running and waiting, max_lora. None:
     # not reported (no --enable-lora, not vLLM, not scraped yet).
     lora: LoraState | None = None
@@ -92,8 +95,8 @@ class Upstream:
 
     @property
     def estimating_kv(self) -> bool:
-        """Whether a request's estimated KV still counts here (no footprint measured yet)."""
-        return self._footprint is None
+        """Whether a request's estimated KV still counts here: no footprint measured yet, and something reads it."""
+        return self._footprint is None and self.kv_estimates_read
 
     def admitting(self, kv_tokens: int) -> None:
         """A request whose KV is estimated at ``kv_tokens`` (``prompt_size.estimated_kv_tokens``) may be admitted

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from gateway.common.resend import ConnectionUse, ReuseAwareConnector, is_stale, watching_reuse
+from gateway.server.upstream.silence import SilenceBound
 from gateway.telemetry.metrics import GatewayMetrics
 
 STALE_RETRIES = 2  # resends of a request whose kept connection was found closed (see gateway.common.resend)
@@ -72,20 +73,30 @@ class UpstreamReply:
     def status(self) -> int:
         return self.response.status
 
+    silence: SilenceBound | None = None
+
     def bound_silence(self) -> None:
-        """From now on, a silence of ``idle_timeout_s`` between two reads of the body ends its read with a
-        ``TimeoutError`` (aiohttp's ``sock_read``, armed on the connection's protocol only now). Until then a
-        stream waits for its headers and first token under ``first_token_timeout_s`` alone, which may be the
-        longer: the upstream's queue and prefill are no silence of a decoding server."""
-        connection = self.response.connection
-        protocol = connection.protocol if connection is not None else None
-        if self.idle_timeout_s is None or protocol is None:
-            return  # not a stream, or its body has all arrived already
-        protocol.read_timeout = self.idle_timeout_s
-        protocol.start_timeout()
+        """From now on, a silence of ``idle_timeout_s`` in the body ends its read with a ``TimeoutError``
+        (:class:`~gateway.server.upstream.silence.SilenceBound`: at least the bound, ended within 1.25 times
+        it). Until then a stream waits for its headers and first token under ``first_token_timeout_s`` alone,
+        which may be the longer: the upstream's queue and prefill are no silence of a decoding server."""
+        if self.idle_timeout_s is None or self.silence is not None or self.response.content.is_eof():
+            return  # not a stream, bounded already, or its body has all arrived
+        self.silence = SilenceBound(self.response.content, self.idle_timeout_s)
+
+    def release(self) -> None:
+        """The body has been read whole: its connection goes back to the pool."""
+        self._unbound()
+        self.response.release()
 
     def close(self) -> None:
+        self._unbound()
         self.response.close()
+
+    def _unbound(self) -> None:
+        if self.silence is not None:
+            self.silence.cancel()
+            self.silence = None
 
 
 class UpstreamClient:
