@@ -18,9 +18,10 @@ How it stays honest on a small shared machine:
   another's late ones (one run here: the controller's median 0.85 of static 8's, while round by round it
   ran 0.94-0.96 of it in all but the round with its exploratory probe).
 * K = 8 is above the slots: while it runs, llama-server queues requests itself, and the controller's gateway,
-  idle at that moment, sees that queue. Held for ``backend_queue_persist_s`` it would cut its limit to the
-  minimum although nothing of its own is in flight (reported as a controller issue); at its default of 6 s it
-  outlasts a static run (3.5 s of load), which is why that setting is not among the faster ones below.
+  idle at that moment, sees that queue. It is not the controller's own: its ``backend_queue_persist_s`` clock
+  starts only once the controller's gateway runs or queues something again (docs/controller.md, "Somebody
+  else's load"), and at its default of 6 s it outlasts a static run (3.5 s of load), which is why that setting is
+  not among the faster ones below.
 * The controller starts where a user's gateway starts (``initial_limit`` 8, cut to the 4 slots as soon as
   ``/props`` is read). This server's curve is convex at the bottom: measured direct, 149, 155, 192 and 270
   tokens/s at 1, 2, 3 and 4 streams (medians of 4 runs), so two slots are worth little more than one and

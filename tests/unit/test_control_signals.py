@@ -109,6 +109,25 @@ def test_backend_queue_must_stay_non_empty() -> None:
     assert detector.update(replace(waiting, now=110.0)) == []  # the clock starts again
 
 
+def test_a_backend_queue_while_this_gateway_sends_nothing_is_not_its_own() -> None:
+    """A queue in the backend while nothing of this gateway's runs or waits (another gateway's requests, or
+    clients sent straight to the server) cuts nothing, and its time does not count once this gateway sends."""
+    detector = CongestionDetector(CONFIG)
+    idle = base_obs(now=100.0, backend_waiting=3, backend_waiting_age_s=1.0, inflight=0, peak_inflight=0, queue_depth=0)
+    for now in (100.0, 103.0, 106.0, 112.0):
+        assert detector.update(replace(idle, now=now)) == []
+        assert detector.blocking(replace(idle, now=now)) is None
+    busy = base_obs(now=114.0, backend_waiting=3, backend_waiting_age_s=1.0)
+    assert detector.update(busy) == []  # its clock starts now, not at 100
+    assert detector.update(replace(busy, now=117.0)) == []
+    assert reasons(detector.update(replace(busy, now=120.0))) == [Reason.BACKEND_QUEUE]
+    # One request of its own in flight at the tick's peak is enough for the queue to be partly its own.
+    detector = CongestionDetector(CONFIG)
+    one = replace(idle, peak_inflight=1)
+    detector.update(one)
+    assert reasons(detector.update(replace(one, now=106.0))) == [Reason.BACKEND_QUEUE]
+
+
 def test_a_limit_increase_restarts_the_backend_queue_clock() -> None:
     detector = CongestionDetector(CONFIG)
     waiting = base_obs(now=100.0, backend_waiting=3, backend_waiting_age_s=1.0)

@@ -137,6 +137,12 @@ class CongestionDetector:
     def _backend_queue(self, obs: Observation) -> list[Signal]:
         cfg = self.config
         waiting = obs.backend_waiting
+        if obs.peak_inflight == 0 and obs.queue_depth == 0:
+            # Nothing of this gateway's ran or waited since the last tick: whatever waits in the backend was sent
+            # by someone else (its own clients, another gateway), and a lower limit here would not shorten it,
+            # only hold this gateway back once its load returns. Its clock starts when this gateway sends again.
+            self._waiting_since = None
+            return []
         if not (
             self._fresh(obs.backend_waiting_age_s)
             and waiting is not None
