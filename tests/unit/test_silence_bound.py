@@ -1,6 +1,7 @@
 """The bound on a stream's silence (``gateway.server.upstream.silence``), against a real HTTP peer on loopback:
-it never ends a stream that keeps sending, even to a reader that is not reading, ends a silent one between the
-bound and 1.25 times it, and does nothing once cancelled or once the body has ended."""
+it never ends a stream that keeps sending, even to a reader that is not reading, nor one whose bytes wait unread
+behind a slow reader; it ends a silent one between the bound and 1.25 times it, and does nothing once cancelled
+or once the body has ended."""
 
 from __future__ import annotations
 
@@ -31,10 +32,21 @@ async def _paced(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def _burst(request: web.Request) -> web.StreamResponse:
+    """``kib`` KiB at once (past aiohttp's read buffer, so the client pauses reading), silence, then the end."""
+    response = web.StreamResponse()
+    await response.prepare(request)
+    await response.write(b"x" * 1024 * int(request.query["kib"]))
+    await asyncio.sleep(float(request.query["hang"]))
+    await response.write_eof()
+    return response
+
+
 @pytest.fixture
 async def url() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/paced", _paced)
+    app.router.add_get("/burst", _burst)
     async with serving(app) as base:
         yield f"{base}/paced"
 
@@ -57,6 +69,20 @@ async def test_a_reader_that_does_not_read_is_no_silence_of_the_upstream(url: st
         bound = SilenceBound(r.content, BOUND_S)
         await asyncio.sleep(0.5)  # nothing read for 2.5 bounds while the upstream sends
         assert await _read_all(r) == 12 * 16
+        bound.cancel()
+
+
+async def test_bytes_the_relay_has_not_read_are_no_silence(url: str) -> None:
+    """The upstream sends more than the client's buffer holds, then nothing, while the relay (behind a slow
+    client) reads nothing for three bounds: what waits unread is not the upstream's silence. The relay then
+    reads it all and the body ends."""
+    burst = url.replace("/paced", "/burst")
+    params = {"kib": "512", "hang": str(BOUND_S * 2)}
+    async with aiohttp.ClientSession() as session, session.get(burst, params=params) as r:
+        bound = SilenceBound(r.content, BOUND_S)
+        await asyncio.sleep(BOUND_S * 3)
+        assert r.content.exception() is None
+        assert await _read_all(r) == 512 * 1024
         bound.cancel()
 
 

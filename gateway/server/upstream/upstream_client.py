@@ -68,12 +68,11 @@ class UpstreamReply:
     response: aiohttp.ClientResponse
     idle_timeout_s: float | None = None  # a stream's bound on silence, armed by :meth:`bound_silence`
     body: bytes | None = None  # the whole body, when it was read already (a 404's, to see what it says)
+    silence: SilenceBound | None = None  # the bound armed by :meth:`bound_silence`
 
     @property
     def status(self) -> int:
         return self.response.status
-
-    silence: SilenceBound | None = None
 
     def bound_silence(self) -> None:
         """From now on, a silence of ``idle_timeout_s`` in the body ends its read with a ``TimeoutError``
