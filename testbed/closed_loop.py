@@ -67,6 +67,15 @@ def limit_of(gateway: str) -> int:
     return int(upstream_state(gateway)["limit"])
 
 
+def explored_below(gateway: str, cap: int) -> bool:
+    """Whether the controller at ``gateway`` holds ``cap`` again with a settled reading below it on its curve:
+    the question it asks at a hard cap (does the knee lie lower?) answered. Keys of first readings carry a
+    ``~`` (``Curve.as_dict``) and do not count."""
+    state = upstream_state(gateway)
+    curve = state["controller"]["algorithm"].get("curve", {})
+    return int(state["limit"]) == cap and any(key.isdigit() and int(key) < cap for key in curve)
+
+
 @dataclass(frozen=True)
 class Interval:
     """The measured part of a run: a count read at its start and end, and when (``perf_counter``)."""
@@ -81,8 +90,15 @@ class Interval:
         return (self.after - self.before) / (self.end - self.start)
 
 
-async def _measure(seconds: float, warmup_s: float, on_tick: Tick | None, read: Callable[[], float] | None) -> Interval:
-    """Wait out the warm-up, then ``seconds`` calling ``on_tick`` every 0.5 s; ``read`` (a count) at both ends."""
+async def _measure(
+    seconds: float,
+    warmup_s: float,
+    on_tick: Tick | None,
+    read: Callable[[], float] | None,
+    until: Callable[[], bool] | None = None,
+) -> Interval:
+    """Wait out the warm-up, then ``seconds`` calling ``on_tick`` every 0.5 s (ending early once ``until``
+    holds, asked after each tick); ``read`` (a count) at both ends."""
 
     async def count() -> float:
         return 0.0 if read is None else await asyncio.to_thread(read)
@@ -93,6 +109,8 @@ async def _measure(seconds: float, warmup_s: float, on_tick: Tick | None, read: 
     while (now := time.perf_counter()) < deadline:
         if on_tick is not None:
             on_tick()
+        if until is not None and until():
+            break
         await asyncio.sleep(min(0.5, deadline - now))
     after, t1 = await count(), time.perf_counter()
     return Interval(before, after, t0, t1)
@@ -168,6 +186,7 @@ async def stream_load(
     seconds: float,
     warmup_s: float,
     on_tick: Tick | None = None,
+    until: Callable[[], bool] | None = None,
     tokens: Callable[[], float] | None = None,
     objectives: Objectives | None = None,
     cut_unstarted: bool = False,
@@ -183,7 +202,8 @@ async def stream_load(
         pool = CuttingPool(client, RequestFactory(workload), concurrency=clients, on_record=records.append)
         pool.start()
         try:
-            measured = await _measure(seconds, warmup_s, on_tick, tokens or (lambda: float(pool.stats().chunks)))
+            chunks = tokens or (lambda: float(pool.stats().chunks))
+            measured = await _measure(seconds, warmup_s, on_tick, chunks, until)
             stats = pool.stats()
         finally:
             if objectives is not None and cut_unstarted:
@@ -232,6 +252,7 @@ async def whole_load(
     seconds: float,
     warmup_s: float,
     on_tick: Tick | None = None,
+    until: Callable[[], bool] | None = None,
     tokens: Callable[[], float] | None = None,
 ) -> Run:
     """``clients`` closed-loop clients asking for whole (non-streamed) answers for ``warmup_s + seconds``:
@@ -260,7 +281,7 @@ async def whole_load(
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
         tasks = [asyncio.create_task(client(session)) for _ in range(clients)]
         try:
-            measured = await _measure(seconds, warmup_s, on_tick, tokens)
+            measured = await _measure(seconds, warmup_s, on_tick, tokens, until)
             stopping.set()
             if tokens is None:
                 await asyncio.gather(*tasks)  # the answers in flight at the end finish: their counts are needed

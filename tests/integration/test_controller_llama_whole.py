@@ -13,7 +13,8 @@ same one-thread server, short runs in an order that rotates each round, the cont
 static limit round by round, the median of those ratios. What differs is how a run is measured: the client
 side has the same problem as the controller, so a run counts each answer's tokens spread evenly over its life
 (from sending to its end) inside the measured interval, and lets the answers still in flight at the end finish
-to know their counts. Spread that way over any interval of a steady load, the count is unbiased.
+to know their counts. Spread that way over any interval of a steady load, the count is unbiased. As there,
+the convergence runs until the controller's exploration below the slots is answered.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from functools import partial
 import pytest
 
 from gateway.sweep.workload import Workload, parse_length
-from testbed.closed_loop import rotated_rounds, start_configurations, upstream_state, whole_load
+from testbed.closed_loop import explored_below, rotated_rounds, start_configurations, upstream_state, whole_load
 from testbed.llama import MODEL, llama_config, start_llama_server
 
 SLOTS = 4
@@ -32,7 +33,7 @@ STATIC_LIMITS = (2, 4, 8)  # below, at and above the slot count
 ROUNDS = 7
 WARMUP_S = 1.0
 MEASURE_S = 3.0
-CONVERGE_S = 10.0
+CONVERGE_MAX_S = 30.0  # until the exploration at the cap is answered (test_controller_llama.py), at most this
 WORKLOAD = Workload(api="completions", prompt_len=parse_length(16), output_len=parse_length(64))
 
 
@@ -50,7 +51,10 @@ async def test_controller_holds_whole_answers_at_the_best_static_throughput(gate
     def watch() -> None:
         limits.append(int(upstream_state(controller)["limit"]))
 
-    await load(controller, seconds=CONVERGE_S, warmup_s=0.0, on_tick=watch)
+    await load(
+        controller, seconds=CONVERGE_MAX_S, warmup_s=0.0, on_tick=watch, until=lambda: explored_below(controller, SLOTS)
+    )
+    explored = explored_below(controller, SLOTS)
     state = upstream_state(controller)
     converged_at = int(state["limit"])
     algorithm = state["controller"]["algorithm"]
@@ -65,7 +69,7 @@ async def test_controller_holds_whole_answers_at_the_best_static_throughput(gate
     comparison = await rotated_rounds(list(gateways), ROUNDS, run)
     curve = upstream_state(controller)["controller"]["algorithm"]["curve"]
     report = (
-        f"limit while converging {limits}, at the end {converged_at} (metered by "
+        f"limit while converging {limits}, at the end {converged_at} (exploration answered: {explored}; metered by "
         f"{algorithm['tokens_source']}), while measured {settled}; curve {curve}; {comparison.report()}"
     )
     print(report)
