@@ -34,6 +34,14 @@ from starlette.types import ASGIApp
 log = logging.getLogger("sweetspot.serving")
 
 
+def print_line(line: str) -> None:
+    """Write ``line`` and its newline to stdout in one write, flushed. ``print`` writes the text and its end
+    separately, and a process started with stdout and stderr on one pipe (tests, the demo) can then read a log
+    line glued to the announcement before its newline: the "listening on" URL would run into it."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     """A listening TCP socket on ``host:port``; ``reuse_port`` lets several processes listen on one port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -149,8 +157,8 @@ def serve_app(
                 ready()
             else:
                 if banner is not None:
-                    print(banner(), flush=True)
-                print(f"{name} listening on http://{shown}:{bound_port}", flush=True)
+                    print_line(banner())
+                print_line(f"{name} listening on http://{shown}:{bound_port}")
         await task
 
     with asyncio.Runner(loop_factory=NumericConnectLoop) as runner:

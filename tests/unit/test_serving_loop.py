@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+import sys
 from typing import ClassVar
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.common.asgi_server import NumericConnectLoop, _is_numeric, settle_garbage_collector
+from gateway.common.asgi_server import NumericConnectLoop, _is_numeric, print_line, settle_garbage_collector
 from testbed.loopback import serving
 
 
@@ -141,3 +142,21 @@ def test_start_up_objects_are_frozen_out_of_collections() -> None:
         assert gc.collect() >= 1
     finally:
         gc.unfreeze()
+
+
+def test_an_announcement_is_one_write_with_its_newline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """stdout and stderr share one pipe under the tests and the demo: a line written in two parts can have
+    a log line glued to it before its newline, and the "listening on" URL then runs into the log."""
+    writes: list[str] = []
+
+    class Recorder:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            writes.append("<flush>")
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    print_line("sweetspot gateway listening on http://127.0.0.1:8080")
+    assert writes == ["sweetspot gateway listening on http://127.0.0.1:8080\n", "<flush>"]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.common.asgi_server import listen_socket, serve_app, shown_host
+from gateway.common.asgi_server import listen_socket, print_line, serve_app, shown_host
 from gateway.settings import Settings, load_settings
 
 
@@ -46,8 +46,8 @@ def run(config: Path | None = None, **flags: Any) -> None:
         listed = ", ".join(
             [*settings.upstreams, *([f"those of {settings.upstreams_file}"] if settings.upstreams_file else [])]
         )
-        print(f"upstreams: {listed}; workers: {settings.workers}", flush=True)
-        print(f"sweetspot gateway listening on http://{shown_host(settings.host)}:{port}", flush=True)
+        print_line(f"upstreams: {listed}; workers: {settings.workers}")
+        print_line(f"sweetspot gateway listening on http://{shown_host(settings.host)}:{port}")
 
     status = run_workers(settings.workers, worker, announce=announce)
     reserved.close()
