@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.common.asgi_server import (  # (the gateway's own uvicorn settings)
     NumericConnectLoop,
     listen_socket,
+    print_line,
     serve_app,
     settle_garbage_collector,
 )
@@ -113,9 +114,9 @@ class Announced:
                 await asyncio.sleep(0.05)
                 continue
             writer.close()
-            print(f"{self.name} listening on http://{self.host}:{self.port}", flush=True)
+            print_line(f"{self.name} listening on http://{self.host}:{self.port}")
             return
-        print(f"{self.name}: nothing accepted connections on {self.host}:{self.port} within 30 s", flush=True)
+        print_line(f"{self.name}: nothing accepted connections on {self.host}:{self.port} within 30 s")
 
 
 def gateway_app(upstream: str) -> ASGIApp:

@@ -19,7 +19,7 @@ import sys
 from typing import cast
 from urllib.parse import urlsplit
 
-from gateway.common.asgi_server import NumericConnectLoop  # (the gateway's own loop)
+from gateway.common.asgi_server import NumericConnectLoop, print_line  # (the gateway's own loop)
 
 
 class _Side(asyncio.Protocol):
@@ -84,7 +84,7 @@ async def serve(upstream: str) -> None:
     target = urlsplit(upstream)
     host, port = target.hostname or "127.0.0.1", target.port or 80
     server = await asyncio.get_running_loop().create_server(lambda: _ClientSide(host, port), "127.0.0.1", 0)
-    print(f"pump listening on http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
+    print_line(f"pump listening on http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
     await server.serve_forever()
 
 
