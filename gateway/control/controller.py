@@ -38,7 +38,12 @@ from gateway.control.observation import (
     observe,
 )
 from gateway.control.share import Peers
-from gateway.control.window import SlidingWindow, WindowStats
+from gateway.control.window import RequestSample, SlidingWindow, WindowStats
+
+# Requests admitted before a decrease ran at the higher limit, so they stop counting as evidence for the
+# latency objectives, except after a small one (the hard cap or the knee moving a slot or two): with answers
+# that take longer than the limit holds still, no request would ever count and the objectives would go unjudged.
+EVIDENCE_KEPT_DECREASE = 0.1
 
 
 class UpstreamControl:
@@ -99,9 +104,7 @@ class UpstreamControl:
         self._spare_at = None if full else now
         while self._bursts and self._bursts[0][1] < now - window.horizon_s:
             self._bursts.popleft()
-        fresh = [
-            s for s in window.samples(now) if s.admitted >= self._evidence_since and not self._in_burst(s.admitted)
-        ]
+        fresh = [s for s in window.samples(now) if self._evidence(s)]
         observation = observe(
             now,
             stats,
@@ -113,7 +116,7 @@ class UpstreamControl:
             peers=peers,
         )
         decision = self.algorithm.step(observation)
-        if decision.action is Action.DECREASE:
+        if decision.action is Action.DECREASE and decision.limit < (1 - EVIDENCE_KEPT_DECREASE) * decision.previous:
             self._evidence_since = now
         elif decision.limit > decision.previous:
             self._bursts.append((now, now + self.config.settle_s))
@@ -123,6 +126,11 @@ class UpstreamControl:
         self.last_observation = observation
         self._remember(decision)
         return decision
+
+    def _evidence(self, sample: RequestSample) -> bool:
+        """Whether a finished request speaks for the current limit: admitted since the last decrease, and
+        not in the burst a step up admitted at once (those queue behind each other's prefills)."""
+        return sample.admitted >= self._evidence_since and not self._in_burst(sample.admitted)
 
     def _in_burst(self, admitted: float) -> bool:
         return any(start <= admitted < until for start, until in self._bursts)

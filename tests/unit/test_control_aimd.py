@@ -319,9 +319,18 @@ class PrefillDrive(Drive):
     """A server whose throughput dips for a few seconds after each step up, as the new requests' long
     prompts prefill and stall the batch: the first, short reading of a step up reads under its base."""
 
-    def __init__(self, aimd: Aimd, rate: Callable[[int], float], dip_s: float = 4.0, dip: float = 0.85) -> None:
+    def __init__(
+        self,
+        aimd: Aimd,
+        rate: Callable[[int], float],
+        dip_s: float = 4.0,
+        dip: float = 0.85,
+        *,
+        least_step: float = 1.0,
+    ) -> None:
         super().__init__(aimd, rate)
         self.dip_s, self.dip = dip_s, dip
+        self.least_step = least_step  # only steps up by this factor or more dip (a doubling admits the most)
         self._raised_at, self._before = -1e9, 0
 
     def run(self, seconds: float, interval: float = 2.0, **fields: object) -> list[Decision]:
@@ -340,7 +349,7 @@ class PrefillDrive(Drive):
                 out += super().run(interval, interval, **fields)
             finally:
                 self.rate = steady
-            if self.aimd.limit > limit_before:
+            if self.aimd.limit > limit_before and self.aimd.limit >= self.least_step * limit_before:
                 self._raised_at, self._before = self.now, limit_before
         return out
 
@@ -354,6 +363,20 @@ def test_a_doubling_that_reads_under_its_base_right_after_the_step_is_read_again
     assert min(d.limit for d in decisions) >= 8
     held = sorted(d.limit for d in decisions[40:])
     assert held[len(held) // 2] == 11  # re-probes beside it come and go
+
+
+def test_a_doubling_whose_short_reading_falls_far_under_its_base_goes_back_and_climbs() -> None:
+    """The short reading of slow start's doubling (8 -> 16), taken while the 8 new prompts prefill, reads
+    under 8's. Pooled into the curve it put the knee at the bottom (AWQ 8B on 16 GB: 64 -> 18 for good, best
+    static 59); the limit goes back to the base instead and climbs in quarter steps, each judged settled."""
+    drive = PrefillDrive(Aimd(CONFIG, initial_limit=8), knee_at_30, dip_s=5.0, dip=0.3, least_step=2.0)
+    decisions = drive.run(300, interval=0.5)
+    discarded = [d for d in decisions if d.inputs.get("short_reading_discarded")]
+    assert discarded and (discarded[0].previous, discarded[0].limit) == (16, 8)
+    after = decisions[decisions.index(discarded[0]) :]
+    assert min(d.limit for d in after) >= 8
+    held = sorted(d.limit for d in decisions[-200:])
+    assert 28 <= held[len(held) // 2] <= 39, held
 
 
 def test_a_down_probe_takes_one_step_where_the_knee_estimate_rests_on_a_first_reading() -> None:

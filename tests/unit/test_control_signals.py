@@ -8,7 +8,7 @@ import pytest
 
 from gateway.control.algorithm import Reason
 from gateway.control.config import AimdConfig
-from gateway.control.knee_search.signals import CongestionDetector
+from gateway.control.knee_search.signals import UNJUDGED_MAX_S, CongestionDetector
 from gateway.control.observation import GpuHeadroom, Headroom, LimiterState, observe
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
 
@@ -175,6 +175,41 @@ def test_latency_from_too_few_requests_is_not_judged() -> None:
     few = base_obs(latency_samples=CONFIG.min_samples - 1, tpot_p99=1.0)
     for tick in range(4):
         assert detector.update(replace(few, now=100.0 + 2 * tick)) == []
+
+
+def test_after_a_latency_cut_increases_wait_until_the_objective_is_judged_again() -> None:
+    """A cut's evidence restarts with it, and with long answers none of the requests admitted since has
+    finished for a minute: a step up in that time would go back over the line before anything could say so
+    (a 2x slower 70B reasoning deployment probed straight back over its TPOT cliff)."""
+    detector = CongestionDetector(CONFIG)
+    over = base_obs(latency_samples=CONFIG.min_samples, tpot_p99=0.2)
+    detector.update(over)
+    [signal] = detector.update(replace(over, now=102.0))
+    detector.decreased(replace(over, now=102.0), signal)
+    unjudged = base_obs(now=104.0, latency_samples=CONFIG.min_samples - 1, tpot_p99=None)
+    for tick in range(3):
+        now = replace(unjudged, now=104.0 + 2 * tick)
+        assert detector.update(now) == []
+        assert detector.blocking(now) is Reason.TPOT
+    judged = base_obs(now=110.0, latency_samples=CONFIG.min_samples, tpot_p99=0.05)
+    assert detector.update(judged) == []
+    assert detector.blocking(judged) is None
+
+
+def test_a_latency_cut_that_is_never_judged_again_stops_blocking_in_time() -> None:
+    """Traffic that turned to whole answers brings no latency samples: the wait has an end."""
+    detector = CongestionDetector(CONFIG)
+    over = base_obs(latency_samples=CONFIG.min_samples, ttft_p99=5.0)
+    detector.update(over)
+    [signal] = detector.update(replace(over, now=102.0))
+    detector.decreased(replace(over, now=102.0), signal)
+    silent = base_obs(latency_samples=0, ttft_p99=None)
+    before = replace(silent, now=102.0 + UNJUDGED_MAX_S - 2.0)
+    detector.update(before)
+    assert detector.blocking(before) is Reason.TTFT
+    after = replace(silent, now=102.0 + UNJUDGED_MAX_S)
+    detector.update(after)
+    assert detector.blocking(after) is None
 
 
 def test_requests_in_transit_to_the_next_engine_step_are_not_a_queue() -> None:

@@ -144,7 +144,9 @@ class Scripted:
         self.seen.append(observation)
         previous = self._limit
         self._limit = self._limits[min(len(self.seen), len(self._limits) - 1)]
-        action = Action.INCREASE if self._limit > previous else Action.HOLD
+        action = (
+            Action.INCREASE if self._limit > previous else Action.DECREASE if self._limit < previous else Action.HOLD
+        )
         return Decision(observation.now, self._limit, previous, action, Reason.PROBE, None)
 
     def state(self) -> dict:
@@ -182,3 +184,20 @@ def test_demand_that_fills_spare_slots_at_once_is_a_burst_too() -> None:
     window.add(sample(7.0, ttft=0.5, dur=4.0))  # admitted in steady state
     control.tick(12.0, window, LimiterState(8, 8, 8, 5))
     assert algorithm.seen[-1].latency_samples == 1 and algorithm.seen[-1].ttft_p99 == 0.5
+
+
+@pytest.mark.parametrize("cut_to,still_counted", [(19, True), (15, False)])
+def test_latency_evidence_survives_a_small_decrease_only(cut_to: int, still_counted: bool) -> None:
+    """The hard cap or the knee moving a slot down leaves the requests admitted before it as evidence: with
+    answers that outlast the limit's stillness, restarting at every such move left the latency objectives
+    never judged (AWQ 8B on 16 GB: 60 s answers, a move every 20-40 s, a p99 TPOT over its objective
+    unseen for 90 s). A real cut (a tenth or more) still restarts it."""
+    algorithm = Scripted([20, 20, 20, cut_to])  # the third tick (t=6) moves the limit down
+    control = UpstreamControl("u", AimdConfig(settle_s=2.0), initial_limit=20, algorithm=algorithm)
+    window = SlidingWindow(30.0)
+    for now in (2.0, 4.0, 6.0):  # busy from the start: the first clients' burst ends at 4 s
+        control.tick(now, window, LimiterState(20, 20, 20, 5))
+    for i in range(3):  # admitted before the move, at 20
+        window.add(sample(4.5 + 0.2 * i, ttft=0.5, dur=6.0))
+    control.tick(12.0, window, LimiterState(cut_to, cut_to, cut_to, 5))
+    assert algorithm.seen[-1].latency_samples == (3 if still_counted else 0)

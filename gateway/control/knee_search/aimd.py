@@ -155,6 +155,18 @@ class Aimd:
             return self._hold(obs, Reason.SETTLING)
         self._detail["measured_tokens_per_s"] = round(rate, 2)
         settled = self._readings.taken > 1
+        if probe is not None and probe.kind == Phase.SLOW_START and not settled:
+            base_rate = self._curve.rate(probe.base_limit)
+            if base_rate is not None and rate < (1 - self._curve.shift) * base_rate:
+                # The doubling's short reading, taken while the new prompts were prefilled, fell well under
+                # what the base delivered (by more than a reading's noise). In the curve it would pool with
+                # the base's reading and put the knee below everything measured, on the strength of one
+                # reading that could be a prefill stall or a real fall. Neither is a reason to go below the
+                # base: back to it, and on in the climb's quarter steps, each judged on a settled reading.
+                self._detail["short_reading_discarded"] = True
+                self._probe = None
+                self._phase = Phase.CLIMB
+                return self._change(obs, probe.base_limit, Reason.PROBE, Action.DECREASE)
         if obs.failures == 0 and self._curve.add(self._limit, rate, self._readings.started, settled=settled):
             # The same limit now gives a different throughput: the backend got slower or faster, or
             # the mix changed. The curve's shape, and so the knee, is kept until readings say otherwise.

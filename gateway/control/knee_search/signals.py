@@ -33,6 +33,9 @@ _GPU_FURTHER_DROP = 0.01
 # So waiting counts only beyond what arrives during one step: more than this share of the running
 # batch, and more than one request.
 QUEUE_SHARE = 0.1
+# After a latency cut, increases wait until the objective is judged again on requests admitted since, or
+# this long at most: traffic that turned to whole answers (no latency samples) must not block them for ever.
+UNJUDGED_MAX_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,7 @@ class CongestionDetector:
         self._waiting_since: float | None = None
         self._gpu_free_at_decrease: float | None = None
         self._pending: list[Reason] = []  # over their line, not yet confirmed
+        self._unjudged: tuple[Reason, float] | None = None  # a latency objective's cut, when; not judged since
 
     # --- freshness -------------------------------------------------------------------------------
     def _fresh(self, age: float | None) -> bool:
@@ -85,6 +89,10 @@ class CongestionDetector:
         cfg = self.config
         self._pending = []
         found: list[Signal] = []
+        if self._unjudged is not None and (
+            obs.latency_samples >= cfg.min_samples or obs.now - self._unjudged[1] >= UNJUDGED_MAX_S
+        ):
+            self._unjudged = None
 
         if obs.completed > 0 and obs.failures > 0:
             rate = obs.failures / obs.completed
@@ -165,6 +173,10 @@ class CongestionDetector:
         no increase now, but no decrease either."""
         if self._pending:
             return self._pending[0]
+        if self._unjudged is not None:
+            # After a latency cut the objective is judged again only on requests admitted since: until
+            # enough have finished, a step up would go back over the line before anything could say so.
+            return self._unjudged[0]
         kv_fresh = self._fresh(obs.kv_usage_age_s) and obs.kv_usage is not None
         if kv_fresh and obs.kv_usage is not None and obs.kv_usage >= self.config.kv_usage_resume:
             return Reason.KV_USAGE
@@ -180,6 +192,8 @@ class CongestionDetector:
         """The controller acted on ``signal``: remember what the next decrease must improve on."""
         if signal.reason is Reason.GPU_MEMORY:
             self._gpu_free_at_decrease = signal.value
+        if signal.reason in (Reason.TTFT, Reason.TPOT):
+            self._unjudged = (signal.reason, obs.now)
         if signal.reason is Reason.BACKEND_QUEUE:
             self._waiting_since = obs.now  # the backend gets a full persistence period to drain
 
@@ -189,6 +203,7 @@ class CongestionDetector:
             "pending": [reason.value for reason in self._pending],
             "preemptions_seen": self._preemptions,
             "backend_waiting_since": self._waiting_since,
+            "latency_unjudged": None if self._unjudged is None else self._unjudged[0].value,
         }
 
 
