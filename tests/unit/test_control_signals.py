@@ -180,7 +180,7 @@ def test_latency_from_too_few_requests_is_not_judged() -> None:
 def test_after_a_latency_cut_increases_wait_until_the_objective_is_judged_again() -> None:
     """A cut's evidence restarts with it, and with long answers none of the requests admitted since has
     finished for a minute: a step up in that time would go back over the line before anything could say so
-    (a 2x slower 70B reasoning deployment probed straight back over its TPOT cliff)."""
+    (the matrix's AWQ deployment, 2x slower, probed back over its TPOT cliff 42 s after the cut)."""
     detector = CongestionDetector(CONFIG)
     over = base_obs(latency_samples=CONFIG.min_samples, tpot_p99=0.2)
     detector.update(over)

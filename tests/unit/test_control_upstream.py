@@ -190,8 +190,8 @@ def test_demand_that_fills_spare_slots_at_once_is_a_burst_too() -> None:
 def test_latency_evidence_survives_a_small_decrease_only(cut_to: int, still_counted: bool) -> None:
     """The hard cap or the knee moving a slot down leaves the requests admitted before it as evidence: with
     answers that outlast the limit's stillness, restarting at every such move left the latency objectives
-    never judged (AWQ 8B on 16 GB: 60 s answers, a move every 20-40 s, a p99 TPOT over its objective
-    unseen for 90 s). A real cut (a tenth or more) still restarts it."""
+    never judged (the matrix's 70B reasoning deployment, 2x slower: 1-3-minute answers, a move every 20-60 s,
+    the limit over the TPOT cliff unchecked). A real cut (a tenth or more) still restarts it."""
     algorithm = Scripted([20, 20, 20, cut_to])  # the third tick (t=6) moves the limit down
     control = UpstreamControl("u", AimdConfig(settle_s=2.0), initial_limit=20, algorithm=algorithm)
     window = SlidingWindow(30.0)
