@@ -12,11 +12,15 @@ table (and writes the one in ``docs/controller.md``).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pytest
 
 from gateway.control.config import AimdConfig
 from testbed.scenarios.catalogue import SCENARIOS, PhaseResult, by_name, run
+
+if TYPE_CHECKING:
+    from bench.baselines import Run
 
 _RESULTS: dict[str, list[PhaseResult]] = {}
 
@@ -103,18 +107,23 @@ def test_without_shared_state_two_replicas_sum_above_the_band() -> None:
     assert any("outside the band" in failure for failure in result.failures)
 
 
+def matrix_steady_overload(name: str) -> tuple[list[PhaseResult], Run]:
+    """The controller at its defaults through one matrix deployment's steady overload (bench.baselines)."""
+    from bench.baselines import Run, deployment
+
+    chosen = deployment(name)
+    overload = next(s for s in chosen.scenarios() if s.name.endswith(".steady_overload"))
+    phases = run(overload, chosen.config())
+    return phases, Run("controller", overload.name, phases)
+
+
 def test_long_prompts_meet_the_kv_cap_before_any_request_has_finished() -> None:
     """The matrix's RAG deployment (issue 38): 24-31K-token prompts on a 24 GB card whose KV cache holds three
     of them, twelve clients. Every limit starts at 8; counting the KV cap only from finished requests, the
     backend evicted and recomputed eight prompts for a minute before the first one ended (0.23x the best
     static limit). With each request's KV estimated from its body before admission, the first requests meet
     the cap of 3, nothing is preempted, and the cell holds the goal's 0.9x."""
-    from bench.baselines import Run, deployment
-
-    rag = deployment("rag-32k-24gb")
-    overload = next(s for s in rag.scenarios() if s.name.endswith(".steady_overload"))
-    phases = run(overload, rag.config())
-    outcome = Run("controller", overload.name, phases)
+    phases, outcome = matrix_steady_overload("rag-32k-24gb")
     assert outcome.best_static_ratio is not None and outcome.best_static_ratio >= 0.9, describe(phases[0])
     assert outcome.preemptions == 0
     first_tick = phases[0].limits[0][0]
@@ -127,11 +136,6 @@ def test_a_prefill_dip_in_slow_start_does_not_set_the_knee() -> None:
     into the curve, it put the knee near 16 and the limit stayed at 18-22 (0.77x the best static limit, 59).
     A short reading that far under its base is not evidence of a lower knee: the limit goes back to the base
     and climbs, and the cell holds the goal's 0.9x."""
-    from bench.baselines import Run, deployment
-
-    awq = deployment("8b-awq-16gb-chat")
-    overload = next(s for s in awq.scenarios() if s.name.endswith(".steady_overload"))
-    phases = run(overload, awq.config())
-    outcome = Run("controller", overload.name, phases)
+    phases, outcome = matrix_steady_overload("8b-awq-16gb-chat")
     assert outcome.best_static_ratio is not None and outcome.best_static_ratio >= 0.9, describe(phases[0])
     assert min(limit for t, limit in phases[0].limits[0] if t > 30.0) >= 32  # never back under the base

@@ -177,15 +177,21 @@ def test_latency_from_too_few_requests_is_not_judged() -> None:
         assert detector.update(replace(few, now=100.0 + 2 * tick)) == []
 
 
+def cut_on_latency(**latency: float) -> CongestionDetector:
+    """A detector whose latency signal (confirmed at t=102) the controller has just acted on."""
+    detector = CongestionDetector(CONFIG)
+    over = base_obs(latency_samples=CONFIG.min_samples, **latency)
+    detector.update(over)
+    [signal] = detector.update(replace(over, now=102.0))
+    detector.decreased(replace(over, now=102.0), signal)
+    return detector
+
+
 def test_after_a_latency_cut_increases_wait_until_the_objective_is_judged_again() -> None:
     """A cut's evidence restarts with it, and with long answers none of the requests admitted since has
     finished for a minute: a step up in that time would go back over the line before anything could say so
     (the matrix's AWQ deployment, 2x slower, probed back over its TPOT cliff 42 s after the cut)."""
-    detector = CongestionDetector(CONFIG)
-    over = base_obs(latency_samples=CONFIG.min_samples, tpot_p99=0.2)
-    detector.update(over)
-    [signal] = detector.update(replace(over, now=102.0))
-    detector.decreased(replace(over, now=102.0), signal)
+    detector = cut_on_latency(tpot_p99=0.2)
     unjudged = base_obs(now=104.0, latency_samples=CONFIG.min_samples - 1, tpot_p99=None)
     for tick in range(3):
         now = replace(unjudged, now=104.0 + 2 * tick)
@@ -198,11 +204,7 @@ def test_after_a_latency_cut_increases_wait_until_the_objective_is_judged_again(
 
 def test_a_latency_cut_that_is_never_judged_again_stops_blocking_in_time() -> None:
     """Traffic that turned to whole answers brings no latency samples: the wait has an end."""
-    detector = CongestionDetector(CONFIG)
-    over = base_obs(latency_samples=CONFIG.min_samples, ttft_p99=5.0)
-    detector.update(over)
-    [signal] = detector.update(replace(over, now=102.0))
-    detector.decreased(replace(over, now=102.0), signal)
+    detector = cut_on_latency(ttft_p99=5.0)
     silent = base_obs(latency_samples=0, ttft_p99=None)
     before = replace(silent, now=102.0 + UNJUDGED_MAX_S - 2.0)
     detector.update(before)
