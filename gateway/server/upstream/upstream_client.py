@@ -110,6 +110,7 @@ class UpstreamClient:
         self, *, connect_timeout_s: float, total_timeout_s: float, stream_idle_timeout_s: float, metrics: GatewayMetrics
     ) -> None:
         self._connect_timeout_s = connect_timeout_s
+        self._total_timeout_s = total_timeout_s
         self._stream_idle_timeout_s = stream_idle_timeout_s
         self._buffered = aiohttp.ClientTimeout(total=total_timeout_s, connect=connect_timeout_s)
         # No total and no sock_read: aiohttp's sock_read would also run while the headers are awaited.
@@ -162,9 +163,10 @@ class UpstreamClient:
         *,
         name: str,
         stream: bool,
-        headers_timeout_s: float,
+        headers_timeout_s: float | None = None,
     ) -> UpstreamReply:
-        """POST and wait for the status line (at most ``headers_timeout_s``). ``name`` is how the upstream is
+        """POST and wait for the status line: at most ``headers_timeout_s`` when given (a stream's, whose body has
+        no total bound), else within the whole request's ``total_timeout_s``. ``name`` is how the upstream is
         called in messages a client may read (never its URL). A streamed reply's body has no bound on silence
         until the caller arms it (:meth:`UpstreamReply.bound_silence`, at the first token), unless its status
         is not 200 (an error's body: armed at once).
@@ -181,8 +183,11 @@ class UpstreamClient:
             sent_at = loop.time()
             try:
                 with watching_reuse(use):
-                    async with asyncio.timeout(headers_timeout_s):
+                    if headers_timeout_s is None:  # aiohttp's total bound covers the head: no timer of our own
                         response = await self.session.post(url, data=body, headers=headers, timeout=timeout)
+                    else:
+                        async with asyncio.timeout(headers_timeout_s):
+                            response = await self.session.post(url, data=body, headers=headers, timeout=timeout)
                 break
             except aiohttp.ClientConnectorError as exc:
                 raise UpstreamFailed(
@@ -195,7 +200,8 @@ class UpstreamClient:
                     connect_failed=True,
                 ) from exc
             except TimeoutError as exc:
-                raise UpstreamTimeout(f"{name} did not answer within {headers_timeout_s:g} s") from exc
+                bound_s = self._total_timeout_s if headers_timeout_s is None else headers_timeout_s
+                raise UpstreamTimeout(f"{name} did not answer within {bound_s:g} s") from exc
             except aiohttp.ClientError as exc:
                 if is_stale(exc, use, loop.time() - sent_at):
                     if tried < STALE_RETRIES:
