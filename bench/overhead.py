@@ -506,12 +506,27 @@ def _ratio(mine: float | None, theirs: float | None) -> float | None:
     return round(mine / theirs, 3)
 
 
-def ratios(results: dict, other: str) -> dict[str, dict[str, float | None]]:
-    """Per phase, ``gateway``'s figure over ``other``'s (below 1: less time or CPU, or fewer requests/s)."""
-    out = {
-        phase: {key: _ratio(figures["gateway"][key], figures[other][key]) for key in COMPARED}
-        for phase, figures in results["phases"].items()
-    }
+#: The CPU figures whose ratio is also given round by round (``KEY_by_round``).
+PAIRED_BY_ROUND = ("cpu_ms_per_request", "cpu_us_per_chunk")
+
+
+def paired_by_round(mine: list[float | None], theirs: list[float | None]) -> list[float | None]:
+    """``mine / theirs`` for the runs of each round: the two configurations ran next to each other, so
+    the spread of these ratios is the noise a ratio of the totals has to stand out from."""
+    return [_ratio(m, t) for m, t in zip(mine, theirs, strict=False)]
+
+
+def ratios(results: dict, other: str) -> dict[str, dict]:
+    """Per phase, ``gateway``'s figure over ``other``'s (below 1: less time or CPU, or fewer requests/s), and
+    for the CPU figures the same ratio round by round."""
+    out: dict[str, dict] = {}
+    for phase, figures in results["phases"].items():
+        mine, theirs = figures["gateway"], figures[other]
+        out[phase] = {key: _ratio(mine[key], theirs[key]) for key in COMPARED}
+        for key in PAIRED_BY_ROUND:
+            rounds = paired_by_round(mine.get(f"{key}_by_round", []), theirs.get(f"{key}_by_round", []))
+            if any(r is not None for r in rounds):
+                out[phase][f"{key}_by_round"] = rounds
     if "memory_by_gateway" in results:
         mine, theirs = results["memory_by_gateway"]["gateway"], results["memory_by_gateway"][other]
         out["memory"] = {
@@ -572,6 +587,12 @@ def summarise(direct: list[Run], proxied: list[Run]) -> dict:
     requests = sum(r.requests for r in proxied)
     chunks = sum(r.chunks for r in proxied)
     cpu = sum(r.cpu_s or 0.0 for r in proxied)
+    # Each run's own figure too: --compare pairs them round by round, which shows how far runs of one round
+    # spread (the machine's noise) beside the ratio of the totals.
+    by_round = {
+        "cpu_ms_per_request_by_round": [_per(r.cpu_s, r.requests, 1e3, 3) for r in proxied],
+        "cpu_us_per_chunk_by_round": [_per(r.cpu_s, r.chunks, 1e6, 1) for r in proxied],
+    }
     return {
         "direct_rps": round(d_rps, 1),
         "rps": round(p_rps, 1),
@@ -588,7 +609,12 @@ def summarise(direct: list[Run], proxied: list[Run]) -> dict:
         "error_kinds": _merged_kinds(proxied),
         "direct_errors": sum(r.errors for r in direct),
         "direct_error_kinds": _merged_kinds(direct),
+        **by_round,
     }
+
+
+def _per(cpu_s: float | None, count: int, scale: float, digits: int) -> float | None:
+    return round((cpu_s or 0.0) / count * scale, digits) if count else None
 
 
 def _merged_kinds(runs: list[Run]) -> dict[str, int]:
@@ -672,7 +698,15 @@ def report(results: dict) -> None:
         cells = []
         for name in names:
             value = _ratio(phases[phase]["gateway"][key], phases[phase][name][key])
-            cells.append(f"{value:.3f}x" if value is not None else "")
+            cell = f"{value:.3f}x" if value is not None else ""
+            if value is not None and key in PAIRED_BY_ROUND:
+                rounds = paired_by_round(
+                    phases[phase]["gateway"].get(f"{key}_by_round", []), phases[phase][name].get(f"{key}_by_round", [])
+                )
+                known = [r for r in rounds if r is not None]
+                if len(known) > 1:
+                    cell += f" ({min(known):.2f}-{max(known):.2f})"
+            cells.append(cell)
         return cells
 
     def row(
@@ -758,7 +792,8 @@ def report(results: dict) -> None:
     for what in compares:
         console.print(
             f"gateway / {what['name']}: this tree's figure over {what['ref']}'s; below 1 is less time, "
-            "CPU or memory (and fewer requests or tokens/s)"
+            "CPU or memory (and fewer requests or tokens/s); beside a CPU ratio, the range of its round-by-round "
+            "ratios: a change inside it is not told apart from the machine's noise"
         )
 
 

@@ -22,7 +22,15 @@ from typing import Any
 
 import pytest
 
-from bench.overhead import BUDGETS, COMPARED, GRANIAN_FIGURES, GRANIAN_PAIRS, PHASES, granian_installed
+from bench.overhead import (
+    BUDGETS,
+    COMPARED,
+    GRANIAN_FIGURES,
+    GRANIAN_PAIRS,
+    PAIRED_BY_ROUND,
+    PHASES,
+    granian_installed,
+)
 from bench.profile import LOADS
 from bench.soak import FAULTS
 from gateway.common.processes import RunningProcess
@@ -149,7 +157,11 @@ def test_overhead_quick(upstream, tmp_path):
     assert not problems, f"figures of the full run missing from the quick one: {problems}"
     ratios = got["compare"]["ratios"]
     assert set(ratios) == {*PHASES, "memory"}
-    assert all(set(ratios[phase]) == set(COMPARED) for phase in PHASES)
+    by_round = {f"{key}_by_round" for key in PAIRED_BY_ROUND}
+    assert all(set(COMPARED) <= set(ratios[phase]) <= set(COMPARED) | by_round for phase in PHASES), ratios
+    for phase in PHASES:  # every phase counts requests; the streamed ones chunks too
+        assert len(ratios[phase]["cpu_ms_per_request_by_round"]) == got["rounds"], ratios[phase]
+        assert ("cpu_us_per_chunk_by_round" in ratios[phase]) == (ratios[phase]["cpu_us_per_chunk"] is not None)
     assert set(ratios["memory"]) == {"rss_mb", "rss_growth_mb"}
     assert got["compare"]["commit"] and got["compare"]["ref"] == "HEAD"
     assert [what["ref"] for what in got["compares"]] == ["HEAD"]
