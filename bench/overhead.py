@@ -696,16 +696,12 @@ def report(results: dict) -> None:
 
     def ratio_cells(phase: str, key: str) -> list[str]:
         cells = []
-        for name in names:
-            value = _ratio(phases[phase]["gateway"][key], phases[phase][name][key])
+        for what in compares:
+            value = _ratio(phases[phase]["gateway"][key], phases[phase][what["name"]][key])
             cell = f"{value:.3f}x" if value is not None else ""
-            if value is not None and key in PAIRED_BY_ROUND:
-                rounds = paired_by_round(
-                    phases[phase]["gateway"].get(f"{key}_by_round", []), phases[phase][name].get(f"{key}_by_round", [])
-                )
-                known = [r for r in rounds if r is not None]
-                if len(known) > 1:
-                    cell += f" ({min(known):.2f}-{max(known):.2f})"
+            known = [r for r in what["ratios"][phase].get(f"{key}_by_round", []) if r is not None]
+            if value is not None and len(known) > 1:
+                cell += f" ({min(known):.2f}-{max(known):.2f})"
             cells.append(cell)
         return cells
 

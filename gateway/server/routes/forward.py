@@ -339,7 +339,7 @@ class Forward:
         failed_over = False
         while True:
             upstream = permit.target
-            # A whole answer's head is bounded with its body, by upstream_timeout_s (the client's total bound).
+            # A whole answer's head is bounded with its body, by upstream_timeout_s (aiohttp's total timeout).
             headers_timeout = max(first_token_deadline - loop.time(), 0.0) if stream else None
             headers = request_headers(
                 settings.upstream_api_key,
