@@ -162,7 +162,8 @@ class Outcome:
     preemptions: dict[str, float]
     runs: dict[str, list[float]]
     throughput: dict[str, list[float]]
-    upstream_ttft_p99: dict[str, list[float | None]]  # streamed: each run's, of the requests started inside it
+    # Streamed: each run's p99 TTFT net of the queue, of the requests whose first token fell inside its measured part.
+    upstream_ttft_p99: dict[str, list[float | None]]
     ratio: dict[str, float]
     limit_changes: list[str]
     spans: list[str]  # each run's configuration and its start and end on the controller's clock (monotonic)
