@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Protocol
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench._json import dumps
 from bench._procs import start
 from gateway.common.processes import LISTENING, RunningProcess
 
@@ -333,4 +334,4 @@ def write_json(
         for r in runs
     ]
     payload = {"args": {k: str(v) for k, v in vars(args).items()}, "summary": rows, "runs": per_run}
-    path.write_text(json.dumps(payload, indent=2))
+    path.write_text(dumps(payload, indent=2) + "\n")

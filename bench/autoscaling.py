@@ -16,7 +16,6 @@ finishes what it holds. See ``testbed/scenarios/autoscaling.py`` for the model a
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict
@@ -26,6 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench._json import write_json
 from bench._quick import add_quick, parse
 from gateway.control.config import AimdConfig
 from gateway.sim.profiles import get_profile
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
             ],
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=1), encoding="utf-8")
+        write_json(args.json, payload)
     if args.plot is not None:
         plot(results, ramp, demand, args.plot)
 

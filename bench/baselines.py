@@ -23,7 +23,6 @@ every scheme's limit over time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -33,6 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench._json import write_json
 from gateway.control.algorithm import LimitAlgorithm
 from gateway.control.baselines import (
     AimdLatencyLimit,
@@ -741,7 +741,7 @@ def matrix_main(args: argparse.Namespace) -> None:
                 for o in by_scheme.values()
             ],
         }
-        args.json.write_text(json.dumps(payload, indent=1), encoding="utf-8")
+        write_json(args.json, payload)
 
 
 def main() -> None:
@@ -848,7 +848,7 @@ def main() -> None:
             for by_scheme in outcomes.values()
             for o in by_scheme.values()
         ]
-        args.json.write_text(json.dumps(payload, indent=1), encoding="utf-8")
+        write_json(args.json, payload)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench._json import dumps, write_json
 from bench._quick import add_quick, parse
 from gateway.common.processes import process_factory
 from gateway.sweep.workload import Workload, parse_length
@@ -358,15 +359,15 @@ def main() -> None:
                     output_tokens=args.llama_output_tokens,
                 )
             )
-        print(f"llama-server: {json.dumps(results['llama-server'])}", flush=True)
+        print(f"llama-server: {dumps(results['llama-server'], indent=None)}", flush=True)
     if "vllm" in args.servers:
         with process_factory() as start:
             results["vllm"] = asyncio.run(vllm(start, args.vllm_rounds))
-        print(f"vllm: {json.dumps(results['vllm'])}", flush=True)
+        print(f"vllm: {dumps(results['vllm'], indent=None)}", flush=True)
     text = table(results)
     print("\n" + text)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        write_json(args.json, results)
     if args.docs:
         write_docs(args.docs, text)
 

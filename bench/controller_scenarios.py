@@ -17,7 +17,6 @@ markers of that file; ``--seed`` runs every scenario with another seed (the test
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import replace
@@ -26,6 +25,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bench._json import write_json
 from gateway.control.config import AimdConfig
 from testbed.scenarios.catalogue import SCENARIOS, PhaseResult, by_name, run
 
@@ -166,7 +166,7 @@ def main() -> None:
             }
             for r in results
         ]
-        args.json.write_text(json.dumps(payload, indent=1), encoding="utf-8")
+        write_json(args.json, payload)
     if args.plot is not None:
         plot(results, args.plot)
     sys.exit(1 if failed else 0)

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from dataclasses import asdict
 from pathlib import Path
 
+from bench._json import dumps, write_json
 from gateway.common.processes import process_factory
 from gateway.control.config import AimdConfig
 from gateway.settings import Settings
@@ -92,7 +92,7 @@ def main() -> None:
                 compare(start, config.base_url, budget, streamed=case == "streams", pace=pace, env=env)
             )
             results[case] = asdict(outcome)
-            print(f"{case}: {json.dumps(results[case])}", flush=True)
+            print(f"{case}: {dumps(results[case], indent=None)}", flush=True)
     for case, result in results.items():
         print(
             f"\n{case}, compared on {result['compared_on']}: per run {result['runs']}; controller / static, "
@@ -112,7 +112,7 @@ def main() -> None:
             "gateway_env": env,
             **asdict(pace),
         }
-        args.json.write_text(json.dumps({"meta": meta, "cases": results}, indent=1) + "\n")
+        write_json(args.json, {"meta": meta, "cases": results})
 
 
 def scaled(scale: float) -> dict[str, str]:

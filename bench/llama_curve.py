@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import shlex
@@ -33,6 +32,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bench._json import write_json
 from bench._procs import gateway_cmd, start
 from bench._quick import add_quick, parse
 from gateway.sweep.driver import SweepConfig, run_sweep
@@ -291,11 +291,7 @@ def main() -> None:
         args.docs.write_text(markdown(rows, meta))
         console.print(f"wrote {args.docs}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps({"meta": meta, "rows": [asdict(r) | {"ratio": r.ratio} for r in rows], "levels": dump}, indent=1)
-            + "\n"
-        )
+        write_json(args.json, {"meta": meta, "rows": [asdict(r) | {"ratio": r.ratio} for r in rows], "levels": dump})
         console.print(f"wrote {args.json}")
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import time
@@ -28,6 +27,7 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
+from bench._json import write_json
 from bench._quick import add_quick, parse
 from testbed.llama_process import start_server
 from testbed.llama_server import LlamaServerConfig
@@ -159,11 +159,10 @@ def main() -> None:
         )
     Console().print(table)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {"settings": vars(args) | {"json": str(args.json)}, "levels": [asdict(lv) for lv in levels]}, indent=2
-            )
+        write_json(
+            args.json,
+            {"settings": vars(args) | {"json": str(args.json)}, "levels": [asdict(lv) for lv in levels]},
+            indent=2,
         )
 
 

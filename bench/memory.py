@@ -60,6 +60,7 @@ from typing import Any
 import aiohttp
 
 from bench._http import admin_headers, dig, get_json
+from bench._json import write_json
 from bench._procs import gateway_cmd, start
 from bench._quick import add_quick, parse
 from gateway.common.processes import LISTENING
@@ -386,7 +387,7 @@ def main() -> None:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         command = " ".join(["python -m bench.memory", *sys.argv[1:]])
-        args.json.write_text(json.dumps({"command": command, "configurations": results}, indent=2) + "\n")
+        write_json(args.json, {"command": command, "configurations": results}, indent=2)
     for problem in problems:
         print("FAIL:", problem)
     sys.exit(1 if problems else 0)

@@ -57,6 +57,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench._http import BenchError, admin_headers, dig, get_json
+from bench._json import write_json
 from bench._nginx import start_nginx
 from bench._procs import ROOT, cpu_seconds, gateway_cmd, rss_mb, start
 from bench._quick import add_quick, parse
@@ -437,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         # A phase without streamed requests has no TTFT: NaN in Python, null in JSON (NaN is not JSON).
-        args.json.write_text(json.dumps(_nan_to_none(results), indent=2, allow_nan=False) + "\n")
+        write_json(args.json, results, indent=2)
         console.print(f"wrote {args.json}")
 
 
@@ -534,16 +535,6 @@ def ratios(results: dict, other: str) -> dict[str, dict]:
             "rss_growth_mb": _ratio(mine["rss_mb"] - mine["rss_idle_mb"], theirs["rss_mb"] - theirs["rss_idle_mb"]),
         }
     return out
-
-
-def _nan_to_none(value: object) -> object:
-    if isinstance(value, float) and value != value:
-        return None
-    if isinstance(value, dict):
-        return {key: _nan_to_none(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_nan_to_none(item) for item in value]
-    return value
 
 
 async def bench(upstream: str, proxies: dict[str, tuple[str, int]], args: argparse.Namespace) -> dict:

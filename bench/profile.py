@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bench._json import write_json
 from bench._procs import ROOT, gateway_cmd, start
 from bench._quick import add_quick, parse
 from bench.overhead import BENCH_KEY, TENANTS_ENV, first_model, load, start_llama
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
         if upstream_proc is not None:
             upstream_proc.stop()
     report(results)
-    (args.out / "profile.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.out / "profile.json", results, indent=2)
     console.print(f"wrote {args.out}: floor-*.svg, gateway-*.svg, profile.json")
 
 

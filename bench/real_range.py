@@ -57,6 +57,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench._json import dumps, write_json
 from bench._quick import add_quick, parse
 from bench.baselines_real import (
     GATE,
@@ -154,15 +155,21 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
         "controller_goodput_per_s": configs["controller"]["median_goodput_per_s"],
         "controller_over_best": _finite(over[best]["goodput"]),
         "controller_over_best_throughput": _finite(over[best]["throughput"]),
-        "controller_over_worst_paired": _finite(min(over[name]["goodput"] for name in statics)),
+        "controller_over_worst_paired": _finite(min(_paired(over[name]["goodput"]) for name in statics)),
         "controller_limit_median": held["median"] if held else None,
         "controller_over_threshold": _finite(over["threshold"]["goodput"]) if "threshold" in over else None,
     }
 
 
-def _finite(ratio: float) -> float | None:
+def _paired(ratio: float | None) -> float:
+    """A paired ratio as measured: the JSON file holds an infinite one (the other side delivered nothing in
+    most rounds) as null, since strict JSON has no infinity."""
+    return math.inf if ratio is None else ratio
+
+
+def _finite(ratio: float | None) -> float | None:
     """A paired ratio, or None where the other side delivered nothing in most rounds (an infinite median)."""
-    return ratio if math.isfinite(ratio) else None
+    return None if ratio is None or not math.isfinite(ratio) else ratio
 
 
 #: After the server is idle, a default scrape (2 s) and then a default tick (2 s) with a second to spare: every
@@ -380,11 +387,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             else:
                 run = vllm_case(start, case.size, rounds=args.vllm_rounds, converge_s=args.vllm_converge_s)
             results[key] = asyncio.run(run)
-        print(f"{key}: {json.dumps(results[key])}", flush=True)
+        print(f"{key}: {dumps(results[key], indent=None)}", flush=True)
         for result in results.values():  # figures recorded by an earlier version get today's verdict
             result["verdict"] = verdict(result)
         if args.json:  # after every case: a later case's failure keeps the earlier ones
-            args.json.write_text(json.dumps(results, indent=1) + "\n")
+            write_json(args.json, results)
     text = table(results)
     print("\n" + text)
     if args.docs:

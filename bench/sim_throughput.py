@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import subprocess
@@ -30,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench._http import BenchError
+from bench._json import write_json
 from bench._quick import add_quick, parse
 from gateway.sim.oracle import predict_closed_loop
 from gateway.sim.profiles import DEFAULT_PROFILE, get_profile
@@ -174,7 +174,7 @@ def main() -> None:
     )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+        write_json(args.json, [asdict(r) for r in results], indent=2)
 
 
 if __name__ == "__main__":

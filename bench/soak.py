@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -33,6 +32,7 @@ import aiohttp
 
 from bench._http import BenchError, admin_headers, dig
 from bench._http import get_json as _get_json
+from bench._json import write_json
 from bench._quick import add_quick, parse
 from gateway.common.processes import LISTENING, RunningProcess, free_port, start_process, sweetspot
 
@@ -276,7 +276,7 @@ def main() -> None:
     print(text)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result, indent=2)
     if args.docs is not None:
         args.docs.write_text("# Soak: the gateway under faults, for a long time\n\n" + text)
     failed = (

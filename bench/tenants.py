@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import time
 from pathlib import Path
 from typing import Any
 
 from bench._http import admin_headers, dig, get_json, get_text
+from bench._json import dumps, write_json
 from bench._quick import add_quick, parse
 from gateway.control.config import AimdConfig
 from gateway.settings import Settings
@@ -336,9 +336,9 @@ def main() -> None:
         began = time.perf_counter()
         results[name] = CASES[name]()
         print(f"== {name} ({time.perf_counter() - began:.0f} s)")
-        print(json.dumps(results[name], indent=2))
+        print(dumps(results[name], indent=2))
     if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.json, results, indent=2)
         print(f"wrote {args.json}")
 
 

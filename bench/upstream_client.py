@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench._http import BenchError, dig, get_json
+from bench._json import write_json
 from bench._quick import add_quick, parse
 from gateway.common.resend import resend_if_stale
 from gateway.server.upstream.upstream_client import STALE_RETRIES
@@ -160,7 +160,7 @@ def main() -> None:
         table.add_row(name, f"{plain:.3f}", f"{stream:.3f}")
     console.print(table)
     if args.json:
-        args.json.write_text(json.dumps({"upstream": url, "model": model, **summary}, indent=2) + "\n")
+        write_json(args.json, {"upstream": url, "model": model, **summary}, indent=2)
 
 
 async def _model(url: str) -> str:

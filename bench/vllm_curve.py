@@ -33,6 +33,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bench._json import write_json
 from bench._procs import gateway_cmd, start
 from bench.llama_curve import COLUMNS, Row, _fmt, cells, measure
 from gateway.common.processes import start_process
@@ -260,18 +261,15 @@ def main() -> None:
         args.docs.write_text(markdown(rows, bench, meta))
         console.print(f"wrote {args.docs}")
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "meta": meta,
-                    "rows": [asdict(r) | {"ratio": r.ratio} for r in rows],
-                    "levels": dump,
-                    "vllm_bench": {str(c): b for c, b in bench.items()},
-                },
-                indent=1,
-                default=str,
-            )
-            + "\n"
+        write_json(
+            args.json,
+            {
+                "meta": meta,
+                "rows": [asdict(r) | {"ratio": r.ratio} for r in rows],
+                "levels": dump,
+                "vllm_bench": {str(c): b for c, b in bench.items()},
+            },
+            default=str,
         )
         console.print(f"wrote {args.json}")
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bench._json import write_json
 from bench._nginx import start_nginx
 from bench._procs import cpu_seconds, gateway_cmd, start
 from bench._quick import add_quick, parse
@@ -150,7 +150,7 @@ def main() -> None:
     report(results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.json, results, indent=2)
         console.print(f"wrote {args.json}")
 
 

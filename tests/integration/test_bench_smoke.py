@@ -11,7 +11,6 @@ llama-server`".
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from bench._json import strict_loads
 from bench.overhead import (
     BUDGETS,
     COMPARED,
@@ -120,7 +120,7 @@ def missing(recorded: Any, got: Any, path: str = "$") -> list[str]:
 
 
 def recorded(name: str) -> Any:
-    return json.loads((DOCS / name).read_text())
+    return strict_loads((DOCS / name).read_text())
 
 
 def test_overhead_quick(upstream, tmp_path):
@@ -132,7 +132,7 @@ def test_overhead_quick(upstream, tmp_path):
     out = tmp_path / "overhead.json"
     worktrees = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
     run_bench("overhead", "--quick", "--peers", "--upstream", upstream, "--compare", "HEAD", "--json", str(out))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     full = recorded("overhead.json")
     other = got["compare"]["name"]
     assert other.startswith("gateway@"), got["compare"]
@@ -176,7 +176,7 @@ def test_profile_quick(upstream, tmp_path):
     """``bench.profile --quick``: py-spy attached to the floor and to the gateway, a flame graph of each load
     for each, and every part's CPU per request (and per chunk, streamed) in the JSON."""
     run_bench("profile", "--quick", "--upstream", upstream, "--out", str(tmp_path))
-    got = json.loads((tmp_path / "profile.json").read_text())
+    got = strict_loads((tmp_path / "profile.json").read_text())
     assert set(got["targets"]) == {"floor", "gateway"}
     for target, loads in got["targets"].items():
         assert set(loads) == set(LOADS)
@@ -191,7 +191,7 @@ def test_profile_quick(upstream, tmp_path):
 def test_workers_quick(upstream, tmp_path):
     out = tmp_path / "workers.json"
     run_bench("workers", "--quick", "--upstream", upstream, "--json", str(out))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     full = recorded("workers.json")
     problems = missing({k: v for k, v in full.items() if k != "proxies"}, got)
     problems += [
@@ -204,7 +204,7 @@ def test_workers_quick(upstream, tmp_path):
 def test_upstream_client_quick(upstream, tmp_path):
     out = tmp_path / "upstream_client.json"
     run_bench("upstream_client", "--quick", "--upstream", upstream, "--json", str(out))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     for client in ("aiohttp", "httpx"):
         assert set(got[client]) == {"ms_per_request", "ms_per_streamed_request"}, got
 
@@ -212,7 +212,7 @@ def test_upstream_client_quick(upstream, tmp_path):
 def test_llama_direct_quick(tmp_path):
     out = tmp_path / "llama_direct.json"
     run_bench("llama_direct", "--quick", "--json", str(out))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     assert [level["concurrency"] for level in got["levels"]] == [1, 2]
     figures = {"tokens_per_s", "requests", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "load_before", "load_after"}
     assert all(figures <= set(level) for level in got["levels"]), got["levels"]
@@ -222,7 +222,7 @@ def test_llama_curve_quick(tmp_path):
     out = tmp_path / "llama_curve.json"
     docs = tmp_path / "llama_curve.md"
     run_bench("llama_curve", "--quick", "--json", str(out), "--docs", str(docs))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     full = recorded("llama-curve.json")
     problems = missing({"meta": full["meta"], "rows": full["rows"]}, got)
     problems += missing(full["levels"]["2"], got["levels"]["2"], "$.levels.2")
@@ -234,7 +234,7 @@ def test_baselines_real_quick(tmp_path):
     """The llama-server half (the vLLM half needs minutes of vLLM's start-up: docs/benchmarks.md)."""
     out = tmp_path / "baselines_real.json"
     run_bench("baselines_real", "--quick", "--json", str(out))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     problems = missing(recorded("baselines-real.json")["llama-server"], got["llama-server"], "$.llama-server")
     assert not problems, problems
 
@@ -246,7 +246,7 @@ def test_baselines_real_range_quick(tmp_path):
     docs = tmp_path / "controller.md"
     docs.write_text("before\n<!-- baselines-real-range:begin -->\nSTALE\n<!-- baselines-real-range:end -->\nafter\n")
     run_bench("baselines_real", "--range", "--quick", "--json", str(out), "--docs", str(docs))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     assert set(got) == {"llama-1", "llama-4"}, got
     full = recorded("baselines-real-range.json")
     problems = [m for key in got for m in missing(full[key], got[key], f"$.{key}")]
@@ -260,7 +260,7 @@ def test_baselines_real_range_quick(tmp_path):
 def test_controller_scenarios_one(tmp_path):
     out = tmp_path / "scenarios.json"
     run_bench("controller_scenarios", "start_from_sweep", "--json", str(out))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     figures = {"ok", "sweet_spot", "best_static", "settled", "convergence_s", "goodput", "goodput_ratio", "limits"}
     assert got and all(figures <= set(phase) for phase in got), got
 
@@ -268,7 +268,7 @@ def test_controller_scenarios_one(tmp_path):
 def test_baselines_one(tmp_path):
     out = tmp_path / "baselines.json"
     run_bench("baselines", "start_from_sweep", "--schemes", "controller,threshold", "--json", str(out))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     assert {row["scheme"] for row in got} == {"controller", "threshold"}
     figures = {"goodput", "goodput_ratio", "ttft_p99_s", "tpot_p99_s", "preemptions", "convergence_s", "settled"}
     assert all(row["phases"] and figures <= set(row["phases"][0]) for row in got), got
@@ -278,7 +278,7 @@ def test_baselines_matrix_quick(tmp_path):
     """``--matrix --quick``: the two smallest deployments, phases a quarter as long, two schemes."""
     out = tmp_path / "matrix.json"
     run_bench("baselines", "--matrix", "--quick", "--schemes", "controller,static_16", "--json", str(out))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     assert {row["scheme"] for row in got["cells"]} == {"controller", "static_16"}
     assert len({row["scenario"] for row in got["cells"]}) == 8  # 2 deployments x 4 scenarios
     figures = {"goodput", "goodput_ratio", "best_static", "best_static_goodput", "sweet_spot", "settled"}
@@ -289,7 +289,7 @@ def test_baselines_matrix_quick(tmp_path):
 def test_routing_quick(tmp_path):
     out = tmp_path / "routing.json"
     run_bench("routing", "--quick", "--json", str(out))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     full = recorded("routing.json")
     assert {row["policy"] for row in got["summary"]} == {"prefix", "least_loaded"}
     # decisions: counts by the kind of routing decision, which depend on the policy and the run
@@ -302,7 +302,7 @@ def test_routing_quick(tmp_path):
 def test_lora_quick(tmp_path):
     out = tmp_path / "lora.json"
     run_bench("lora", "--quick", "--json", str(out))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     full = recorded("lora.json")
     assert {row["policy"] for row in got["summary"]} == {"affinity", "least_loaded"}
     # placements: counts by where the adapter stood, which depend on the policy and the run
@@ -318,7 +318,7 @@ def test_lora_quick(tmp_path):
 def test_sim_throughput_quick(tmp_path):
     out = tmp_path / "sim_throughput.json"
     run_bench("sim_throughput", "--quick", "--json", str(out))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     figures = {"predicted_tokens_per_s", "chunks_per_s", "ratio", "server_cpu_percent", "client_cpu_percent"}
     assert len(got) == 1 and figures <= set(got[0]), got
 
@@ -327,7 +327,7 @@ def test_soak_quick(tmp_path):
     """Every fault, one every 2 s; the bench itself exits 1 on a lost request or a permit not given back."""
     out = tmp_path / "soak.json"
     run_bench("soak", "--quick", "--json", str(out))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     full = recorded("soak.json")
     # endings: counts by how requests ended (error_429, hung_up, ...), which depend on the run
     assert not missing({k: v for k, v in full.items() if k != "endings"}, got)
@@ -340,7 +340,7 @@ def test_autoscaling_quick(tmp_path):
     plot written."""
     out, png = tmp_path / "autoscaling.json", tmp_path / "autoscaling.png"
     run_bench("autoscaling", "--quick", "--json", str(out), "--plot", str(png))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     assert not missing(recorded("autoscaling.json"), got)
     assert [r["recipe"] for r in got["recipes"]] == ["signal", "waiting", "gpu_util"]
     assert png.stat().st_size > 0
@@ -349,7 +349,7 @@ def test_autoscaling_quick(tmp_path):
 def test_tenants_quick(tmp_path):
     out = tmp_path / "tenants.json"
     run_bench("tenants", "--quick", "--json", str(out))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     full = recorded("tenants.json")
     problems = missing({case: full[case] for case in ("noisy", "weights", "classes")}, got)
     assert not problems, problems
@@ -360,7 +360,7 @@ def test_memory_quick(tmp_path):
     is over its bound or a client's outcome is not the configuration's (no llama-server: a fake upstream)."""
     out = tmp_path / "memory.json"
     run_bench("memory", "--quick", "--json", str(out))
-    got = json.loads(out.read_text())
+    got = strict_loads(out.read_text())
     full = recorded("memory.json")
     # outcomes and unexpected: counts and bodies by how requests ended, which depend on the configuration
     figures = [{k: v for k, v in c.items() if k not in ("outcomes", "unexpected")} for c in full["configurations"]]
