@@ -13,7 +13,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.common.asgi_server import NumericConnectLoop, _is_numeric, print_line, settle_garbage_collector
+from gateway.common.asgi_server import (
+    YOUNG_GENERATION_THRESHOLD,
+    NumericConnectLoop,
+    _is_numeric,
+    print_line,
+    settle_garbage_collector,
+)
 from testbed.loopback import serving
 
 
@@ -133,15 +139,45 @@ def test_aiohttp_requests_run_on_the_loop() -> None:
 
 def test_start_up_objects_are_frozen_out_of_collections() -> None:
     gc.unfreeze()
+    before = gc.get_threshold()
     try:
         settle_garbage_collector()
         assert gc.get_freeze_count() > 1000  # this test process's modules, at least
+        # The youngest generation is collected less often; the older ones keep their ratios.
+        assert gc.get_threshold() == (YOUNG_GENERATION_THRESHOLD, before[1], before[2])
         garbage: list[object] = []
         garbage.append(garbage)  # a cycle made after start-up is still collected
         del garbage
         assert gc.collect() >= 1
     finally:
         gc.unfreeze()
+        gc.set_threshold(*before)
+
+
+def test_a_cycle_made_while_serving_is_collected_without_an_explicit_collect() -> None:
+    """With the raised threshold, cyclic garbage still goes: the collector runs on its own once enough
+    objects were allocated."""
+    before = gc.get_threshold()
+    gc.unfreeze()
+    try:
+        settle_garbage_collector()
+        collected = []
+
+        class Node:
+            def __init__(self) -> None:
+                self.me = self
+
+            def __del__(self) -> None:
+                collected.append(True)
+
+        Node()  # a cycle: reference counting alone never frees it
+        assert not collected
+        held = [[] for _ in range(2 * YOUNG_GENERATION_THRESHOLD)]  # tracked objects allocated and kept
+        assert collected
+        del held
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
 
 
 def test_an_announcement_is_one_write_with_its_newline(monkeypatch: pytest.MonkeyPatch) -> None:
