@@ -18,12 +18,15 @@ EXTENSION = "sweetspot.connection_loss"
 
 
 class ConnectionLoss:
-    """One request's view of its connection: whether it was lost, and one callback to run when it is."""
+    """One request's view of its connection: whether it was lost, and one callback to run when it is; and
+    whether the request's body has all arrived (``body_received``), so that reading it cannot wait and needs no
+    timer of its own."""
 
-    __slots__ = ("_callback", "lost")
+    __slots__ = ("_callback", "body_received", "lost")
 
     def __init__(self) -> None:
         self.lost = False
+        self.body_received = False
         self._callback: Callable[[], None] | None = None
 
     def subscribe(self, callback: Callable[[], None]) -> None:

@@ -9,8 +9,10 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 
 import httpx
+import pytest
 import uvicorn
 
 from gateway.common.asgi_server import listen_socket
@@ -29,6 +31,7 @@ from tests.component.conftest import (
     stream,
     token,
     until,
+    whole,
 )
 
 
@@ -180,3 +183,46 @@ async def test_kept_connections_serve_one_request_after_another(stage: Stage) ->
             answer = await client.post("/v1/chat/completions", json={"model": MODEL, "messages": CHAT})
             assert answer.status_code == 200
     assert len(upstream.posts()) == 3
+
+
+async def test_a_body_whole_with_its_head_is_read_without_a_timer_and_one_still_arriving_with_one(
+    stage: Stage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The front door marks a request whose body has all arrived: reading it cannot wait, so no timer is armed
+    (it costs more than the read). A body still arriving is read under ``request_read_timeout_s``: a trickle
+    that stops is a 408."""
+    from gateway.server.routes import inbound
+
+    armed: list[float] = []
+
+    def timeout(delay: float) -> asyncio.Timeout:
+        armed.append(delay)
+        return asyncio.timeout(delay)
+
+    monkeypatch.setattr(inbound, "asyncio", SimpleNamespace(timeout=timeout))
+    upstream = await stage.upstream()
+    upstream.then(whole(chat_answer()), whole(chat_answer()))
+    gw = await stage.gateway(upstream, request_read_timeout_s=0.3)
+    body = json.dumps({"model": MODEL, "messages": CHAT}).encode()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+    head += b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
+    async with served(gw) as url:
+        status, _, _ = head_of(await exchange_raw(url, head + body))
+        assert status == 200 and armed == []
+
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(head + body[:10])
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(body[10:])
+            async with asyncio.timeout(BOUND_S):
+                status, _, _ = head_of(await reader.read())
+        finally:
+            writer.close()
+        assert status == 200 and armed == [0.3]
+
+        status, _, answer = head_of(await exchange_raw(url, head + body[:10]))  # and the rest never comes
+    assert status == 408 and answer["error"]["code"] == "request_timeout"
+    assert len(armed) == 2 and len(upstream.posts()) == 2

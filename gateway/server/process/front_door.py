@@ -123,6 +123,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         if not self._oversized:
+            if self._losses:
+                self._losses[-1].body_received = True  # the request being parsed is the last one begun
             super().on_message_complete()
 
     def on_response_complete(self) -> None:

@@ -106,6 +106,7 @@ async def read_body(
     declared_length: str | None,
     timeout_s: float,
     budget: ReceivingBudget | None = None,
+    received: bool = False,
 ) -> bytes:
     """The whole request body, read by every route that takes one, in one bounded, timed way.
 
@@ -118,7 +119,11 @@ async def read_body(
     With a ``budget``, a body is held in it while it arrives and given back once it is whole: a large body
     that declares its length is held whole before any of it is read (refused at once when it does not fit),
     one sent in chunks of unknown total piece by piece (refused when a piece does not fit). A refusal is a
-    429 with Retry-After."""
+    429 with Retry-After.
+
+    ``received``: the server says the whole body has arrived already (the front door's
+    :attr:`~gateway.common.connection_loss.ConnectionLoss.body_received`), so no read can wait: it is read
+    without arming the timer, which costs more than the read itself."""
     declared = int(declared_length) if declared_length is not None and declared_length.isdigit() else None
     if declared is not None and declared > limit:
         raise BodyRefused(413, "body_too_large", f"request body exceeds {limit} bytes")
@@ -128,6 +133,8 @@ async def read_body(
         if budget is not None and declared is not None and declared >= HOLD_DECLARED_FROM:
             _hold(budget, declared, held)
             budget = None  # held whole: nothing more to hold while it arrives
+        if received:
+            return await _read_within(receive, limit, budget, held)
         async with asyncio.timeout(timeout_s):
             return await _read_within(receive, limit, budget, held)
     except TimeoutError:
