@@ -164,7 +164,7 @@ class SlidingWindow:
         self.start(sample.arrived)
         self._samples.append(sample)
         if not sample.streamed and sample.output_tokens > 0:
-            self._credit(sample.finished, sample.output_tokens)
+            self.add_tokens(sample.finished, sample.output_tokens, streamed=False)
             self._spans_seen += 1
             self._spans.append((self._spans_seen, Span(sample.admitted, sample.finished, sample.output_tokens)))
             self.unstreamed_at = sample.finished
@@ -189,16 +189,16 @@ class SlidingWindow:
         """Non-streamed requests recorded after the ``seen``-th one, and the number of the last one."""
         return self._spans_seen, [span for number, span in self._spans if number > seen]
 
-    def add_tokens(self, now: float, count: int) -> None:
-        """Credit ``count`` streamed output tokens (negative corrections allowed) to the bucket holding ``now``."""
+    def add_tokens(self, now: float, count: int, *, streamed: bool = True) -> None:
+        """Credit ``count`` output tokens (negative corrections allowed) to the bucket holding ``now``: a stream's
+        as they arrive, a non-streamed request's at its end (``streamed=False``, from :meth:`add`). One call on
+        the path taken per streamed read."""
         if count == 0:
             return
-        self.streamed_total += count
-        self._credit(now, count)
-
-    def _credit(self, now: float, count: int) -> None:
-        if self._started is None:  # start(now), without the call on a path taken per streamed read
+        if self._started is None:  # start(now), without the call
             self._started = now
+        if streamed:
+            self.streamed_total += count
         self.tokens_total += count
         start = now - (now % self.bucket_s)
         buckets = self._token_buckets

@@ -212,6 +212,12 @@ def test_the_closing_event_marks_the_stream_finished(bytewise: bool, together: i
     crlf = [e.replace(b"\n\n", b"\r\n\r\n") for e in LLAMA_CHAT]
     _, _, sse, _ = run(crlf, forward_usage=False, bytewise=bytewise, together=together)
     assert sse.finished
+    # Without a usage chunk, the closing event may share a read with token events that nothing is dropped from.
+    for events in ([ROLE, *TOKENS, FINISH, DONE], [e.replace(b"\n\n", b"\r\n\r\n") for e in (ROLE, *TOKENS, DONE)]):
+        _, _, sse, _ = run(events, forward_usage=False, bytewise=bytewise, together=together)
+        assert sse.finished
+        _, _, sse, _ = run(events[:-1], forward_usage=False, bytewise=bytewise, together=together)
+        assert not sse.finished
 
 
 def test_the_named_apis_closing_events_mark_the_stream_finished() -> None:

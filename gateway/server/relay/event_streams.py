@@ -117,7 +117,7 @@ class NamedEventFilter:
             if joined is None:
                 return data  # the event goes on
             text = joined
-        if b"\r\n" in text:
+        if text.find(b"\r\n") >= 0:  # find, not `in`: bytes' `in` makes and drops a TypeError first
             self._separator = b"\r\n\r\n"
         separator, step = self._separator, len(self._separator)
         tokens = 0

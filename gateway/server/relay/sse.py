@@ -132,6 +132,7 @@ class SSEFilter:
         self._rest = PartialEvent(max_event_bytes)  # an event not complete yet
         self._pending = self._rest.buffer  # its bytes: tested per read without a call
         self._separator = b"\n\n"
+        self._before_separator = -3  # the index of the byte before a read's closing separator
         self._framed = False  # the separator is settled once the first event is complete
         self.seen_token = False
         self._seen_usage = False
@@ -148,8 +149,8 @@ class SSEFilter:
             self.seen_token
             and not self._pending
             and data.endswith(self._separator)
-            and b'"usage"' not in data
-            and b'"error"' not in data
+            and data.find(b'"usage"') < 0  # find, not `in`: bytes' `in` makes and drops a TypeError first
+            and data.find(b'"error"') < 0
         ):
             # Once tokens flow, most reads are whole token events and nothing to drop: each JSON event
             # (one ending in "}") counts, and the read is passed on as it is.
@@ -157,6 +158,8 @@ class SSEFilter:
             if count:
                 self._last_counted = data
                 self._tracker.tokens(count, self._clock())
+                if data[self._before_separator] == 0x7D:  # it ends with a JSON event: not with [DONE]
+                    return data
             if data.endswith(self._done_end):
                 self.finished = True
             return data
@@ -183,6 +186,7 @@ class SSEFilter:
         if start and not self._framed:
             self._framed = True
             self._json_end = b"}" + separator
+            self._before_separator = -step - 1
             self._done_end = b"[DONE]" + separator
         if start < len(data):
             self._rest.start(memoryview(data)[start:])
@@ -217,8 +221,8 @@ class SSEFilter:
         if (
             self.seen_token
             and event[-step - 1] == 0x7D  # "}": a JSON event, not [DONE]
-            and b'"usage"' not in event
-            and b'"error"' not in event
+            and event.find(b'"usage"') < 0
+            and event.find(b'"error"') < 0
         ):
             self._tokens += 1
             self._last_counted = event
