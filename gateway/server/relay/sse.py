@@ -132,7 +132,6 @@ class SSEFilter:
         self._rest = PartialEvent(max_event_bytes)  # an event not complete yet
         self._pending = self._rest.buffer  # its bytes: tested per read without a call
         self._separator = b"\n\n"
-        self._before_separator = -3  # the index of the byte before a read's closing separator
         self._framed = False  # the separator is settled once the first event is complete
         self.seen_token = False
         self._seen_usage = False
@@ -158,8 +157,6 @@ class SSEFilter:
             if count:
                 self._last_counted = data
                 self._tracker.tokens(count, self._clock())
-                if data[self._before_separator] == 0x7D:  # it ends with a JSON event: not with [DONE]
-                    return data
             if data.endswith(self._done_end):
                 self.finished = True
             return data
@@ -186,7 +183,6 @@ class SSEFilter:
         if start and not self._framed:
             self._framed = True
             self._json_end = b"}" + separator
-            self._before_separator = -step - 1
             self._done_end = b"[DONE]" + separator
         if start < len(data):
             self._rest.start(memoryview(data)[start:])
