@@ -44,6 +44,10 @@ from gateway.control.window import RequestSample, SlidingWindow, WindowStats
 # latency objectives, except after a small one (the hard cap or the knee moving a slot or two): with answers
 # that take longer than the limit holds still, no request would ever count and the objectives would go unjudged.
 EVIDENCE_KEPT_DECREASE = 0.1
+# How long a burst is remembered. The window holds requests by when they *finished*, and a burst's requests
+# reach it an answer's length after they were admitted (minutes, for reasoning answers on a slowed backend):
+# a burst forgotten when it left the window's horizon let its late first tokens cut the limit.
+BURST_MEMORY_S = 600.0
 
 
 class UpstreamControl:
@@ -100,9 +104,9 @@ class UpstreamControl:
         stats = window.stats(now)
         full = limiter.full
         if full and self._spare_at is not None:
-            self._bursts.append((self._spare_at, now + self.config.settle_s))
+            self._burst(self._spare_at, now + self.config.settle_s)
         self._spare_at = None if full else now
-        while self._bursts and self._bursts[0][1] < now - window.horizon_s:
+        while self._bursts and self._bursts[0][1] < now - BURST_MEMORY_S:
             self._bursts.popleft()
         fresh = [s for s in window.samples(now) if self._evidence(s)]
         observation = observe(
@@ -119,7 +123,7 @@ class UpstreamControl:
         if decision.action is Action.DECREASE and decision.limit < (1 - EVIDENCE_KEPT_DECREASE) * decision.previous:
             self._evidence_since = now
         elif decision.limit > decision.previous:
-            self._bursts.append((now, now + self.config.settle_s))
+            self._burst(now, now + self.config.settle_s)
         self.last_stats = stats
         self.ticks += 1
         self.last = decision
@@ -131,6 +135,14 @@ class UpstreamControl:
         """Whether a finished request speaks for the current limit: admitted since the last decrease, and
         not in the burst a step up admitted at once (those queue behind each other's prefills)."""
         return sample.admitted >= self._evidence_since and not self._in_burst(sample.admitted)
+
+    def _burst(self, start: float, until: float) -> None:
+        """Admissions in ``[start, until)`` were a burst; one overlapping the last is merged into it."""
+        if self._bursts and self._bursts[-1][0] <= start <= self._bursts[-1][1]:
+            first, last = self._bursts[-1]
+            self._bursts[-1] = (first, max(last, until))
+        else:
+            self._bursts.append((start, until))
 
     def _in_burst(self, admitted: float) -> bool:
         return any(start <= admitted < until for start, until in self._bursts)

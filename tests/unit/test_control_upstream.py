@@ -172,6 +172,24 @@ def test_a_steps_burst_is_left_out_of_the_latency_evidence() -> None:
     assert algorithm.seen[-1].latency_samples == 5 and algorithm.seen[-1].ttft_p99 == pytest.approx(3.0)
 
 
+def test_a_bursts_long_answers_stay_out_of_the_evidence_after_the_window_passed_its_admission() -> None:
+    """The window holds requests by when they finished, so a burst's requests with answers longer than the
+    window's horizon arrive in it after the burst itself is older than the horizon: they are still the
+    burst's (the 70B long-prompt deployment's ``ttft_slo`` cuts were its first tokens, seconds late)."""
+    algorithm = Scripted([5, 5, 10])  # the second tick (t=4) raises the limit from 5 to 10
+    control = UpstreamControl("u", AimdConfig(settle_s=2.0), initial_limit=5, algorithm=algorithm)
+    window = SlidingWindow(10.0)
+    for now in (2.0, 4.0):
+        control.tick(now, window, LimiterState(algorithm.limit, 5, 5, 3))
+    for now in range(6, 26, 2):  # nothing finished yet: the window is empty
+        control.tick(float(now), window, LimiterState(10, 10, 10, 3))
+    for i in range(5):  # the step's burst, 20-second answers
+        window.add(sample(4.1 + 0.2 * i, ttft=3.0, dur=20.0))
+    window.add(sample(10.0, ttft=0.4, dur=15.0))  # admitted in steady state
+    control.tick(26.0, window, LimiterState(10, 10, 10, 3))
+    assert algorithm.seen[-1].latency_samples == 1 and algorithm.seen[-1].ttft_p99 == pytest.approx(0.4)
+
+
 def test_demand_that_fills_spare_slots_at_once_is_a_burst_too() -> None:
     """Clients arriving after an idle spell take every free slot at once: the same burst as a step's."""
     algorithm = Scripted([8])
