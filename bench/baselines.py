@@ -14,6 +14,7 @@ Envoy's gradient controller, Netflix's Gradient2, Vegas and AIMD on latency.
     python -m bench.baselines --matrix --jobs 2 --docs docs/controller.md --plot docs/baselines \\
         --json docs/baselines-matrix.json        # every deployment x 4 scenarios (issue 38)
     python -m bench.baselines --matrix --quick --schemes controller,static_16   # smoke: two small deployments
+    python -m bench.baselines --matrix --jobs 2 --schemes controller --seed 2   # the controller's cells, another draw
 
 Run from the repository root (``tests`` is a package there). ``--docs`` rewrites the section between
 ``<!-- baselines:begin -->`` and ``<!-- baselines:end -->``; ``--plot`` writes one PNG per scenario with
@@ -517,12 +518,17 @@ def _scheme(name: str) -> Scheme:
     return next(s for s in (*SCHEMES, *VARIANTS, *GUESS_SCHEMES) if s.name == name)
 
 
-def run_deployment(name: str, schemes: tuple[str, ...], scale: float) -> dict[str, dict[str, Run]]:
-    """Every scenario of one deployment with every scheme (one process: the oracles are shared)."""
+def run_deployment(
+    name: str, schemes: tuple[str, ...], scale: float, seed: int | None = None
+) -> dict[str, dict[str, Run]]:
+    """Every scenario of one deployment with every scheme (one process: the oracles are shared). ``seed``: in
+    place of the catalogue's, for the clients' draws and the oracle alike."""
     d = deployment(name)
     config = d.config()
     out: dict[str, dict[str, Run]] = {}
     for scenario in d.scenarios(scale):
+        if seed is not None:
+            scenario = replace(scenario, seed=seed)
         out[scenario.name] = {}
         for scheme in schemes:
             outcome = run_scheme(_scheme(scheme), scenario, config)
@@ -678,7 +684,7 @@ def matrix_main(args: argparse.Namespace) -> None:
     started = time.time()
     outcomes: dict[str, dict[str, Run]] = {}
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {name: pool.submit(run_deployment, name, schemes, scale) for name in names}
+        futures = {name: pool.submit(run_deployment, name, schemes, scale, args.seed) for name in names}
         for name in names:
             outcomes.update(futures[name].result())
     table = matrix_table(outcomes, schemes)
@@ -754,7 +760,7 @@ def main() -> None:
         action="store_true",
         help="also run AIMD with other timeouts and Envoy with a rarer minRTT window (not in the goal)",
     )
-    parser.add_argument("--seed", type=int, default=None, help="run every scenario with this seed")
+    parser.add_argument("--seed", type=int, default=None, help="run every scenario (every matrix cell) with this seed")
     parser.add_argument("--docs", type=Path, default=None, help="markdown file whose baselines section to rewrite")
     parser.add_argument("--plot", type=Path, default=None, help="write one PNG per scenario into this folder")
     parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
