@@ -11,12 +11,14 @@ Latency evidence restarts at every decrease: a request admitted before it ran at
 longer exists, and counting its slow finish again would cut the limit twice for one overload (the
 cascade that otherwise takes a limit from the cliff to a fraction of the knee).
 
-Nor do the requests of a burst count. A step up admits its new slots' requests at once, and so does
+Nor do the first tokens of a burst count. A step up admits its new slots' requests at once, and so does
 demand that arrives to find slots free (the first clients, the end of an idle spell): their prefills queue
 behind each other, and with long prompts the last of them waits seconds for its first token. That is the
 burst's doing, not the limit's; in steady state admissions are spread out. So requests admitted within
 ``settle_s`` after an increase, or between a tick that had slots to spare and the next one that had
-none (and ``settle_s`` after it), are left out of the latency evidence.
+none (and ``settle_s`` after it), are left out of the TTFT evidence. Their decoding still counts towards
+TPOT: it ran at the limit being judged, and a limit over a TPOT cliff shows first in the requests it
+admitted at once.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from gateway.control.observation import (
     observe,
 )
 from gateway.control.share import Peers
-from gateway.control.window import RequestSample, SlidingWindow, WindowStats
+from gateway.control.window import SlidingWindow, WindowStats
 
 # Requests admitted before a decrease ran at the higher limit, so they stop counting as evidence for the
 # latency objectives, except after a small one (the hard cap or the knee moving a slot or two): with answers
@@ -108,14 +110,15 @@ class UpstreamControl:
         self._spare_at = None if full else now
         while self._bursts and self._bursts[0][1] < now - BURST_MEMORY_S:
             self._bursts.popleft()
-        fresh = [s for s in window.samples(now) if self._evidence(s)]
+        fresh = [s for s in window.samples(now) if s.admitted >= self._evidence_since]
+        first_tokens = [s for s in fresh if not self._in_burst(s.admitted)]
         observation = observe(
             now,
             stats,
             limiter,
             headroom,
             hard_cap=hard_cap,
-            latency=Latency.of(fresh),
+            latency=Latency.of(fresh, first_tokens),
             count=count,
             peers=peers,
         )
@@ -130,11 +133,6 @@ class UpstreamControl:
         self.last_observation = observation
         self._remember(decision)
         return decision
-
-    def _evidence(self, sample: RequestSample) -> bool:
-        """Whether a finished request speaks for the current limit: admitted since the last decrease, and
-        not in the burst a step up admitted at once (those queue behind each other's prefills)."""
-        return sample.admitted >= self._evidence_since and not self._in_burst(sample.admitted)
 
     def _burst(self, start: float, until: float) -> None:
         """Admissions in ``[start, until)`` were a burst; one overlapping the last is merged into it."""

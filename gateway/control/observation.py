@@ -100,13 +100,21 @@ class Latency:
     ttft_p99: float | None  # net of the gateway's queue
     tpot_p99: float | None
     tpot_p50: float | None
+    ttft_samples: int | None = None  # the requests ttft_p99 is over, when fewer than ``samples``
 
     @classmethod
-    def of(cls, samples: list[RequestSample]) -> Latency:
+    def of(cls, samples: list[RequestSample], first_tokens: list[RequestSample] | None = None) -> Latency:
+        """Over ``samples``; TTFT over ``first_tokens`` instead, when given (a subset: the requests whose
+        first token speaks for the limit, where every one's decoding does)."""
         ok = [s for s in samples if s.outcome is Outcome.OK]
-        ttft = [v for v in (s.upstream_ttft for s in ok) if v is not None]
         tpot = [v for v in (s.tpot for s in ok) if v is not None]
-        return cls(len(ok), percentile(ttft, 99), percentile(tpot, 99), percentile(tpot, 50))
+        if first_tokens is None:
+            timed, counted = ok, None
+        else:
+            timed = [s for s in first_tokens if s.outcome is Outcome.OK]
+            counted = len(timed)
+        ttft = [v for v in (s.upstream_ttft for s in timed) if v is not None]
+        return cls(len(ok), percentile(ttft, 99), percentile(tpot, 99), percentile(tpot, 50), counted)
 
     @classmethod
     def from_stats(cls, stats: WindowStats) -> Latency:
@@ -127,7 +135,8 @@ class Observation:
     completed: int
     ok: int
     # p99 latencies over the successful requests *admitted since the last decrease* (older ones ran
-    # at a limit that no longer exists), and how many requests that is
+    # at a limit that no longer exists), and how many requests that is; TTFT leaves out a burst's
+    # requests (``ttft_samples`` of them count; None: all of ``latency_samples``)
     latency_samples: int
     ttft_p99: float | None  # net of the gateway's queue: what the backend caused
     tpot_p99: float | None
@@ -161,10 +170,16 @@ class Observation:
     tokens_pending_since: float | None = None
     # the other replicas in front of the same backend, from shared state (None: none known)
     peers: Peers | None = None
+    ttft_samples: int | None = None
 
     @property
     def failures(self) -> int:
         return self.upstream_errors + self.timeouts
+
+    @property
+    def first_token_samples(self) -> int:
+        """How many requests ``ttft_p99`` is over."""
+        return self.latency_samples if self.ttft_samples is None else self.ttft_samples
 
     @property
     def bottleneck(self) -> bool:
@@ -224,6 +239,7 @@ def observe(
         completed=stats.completed,
         ok=stats.ok,
         latency_samples=latency.samples,
+        ttft_samples=latency.ttft_samples,
         ttft_p99=latency.ttft_p99,
         tpot_p99=latency.tpot_p99,
         tpot_p50=latency.tpot_p50,

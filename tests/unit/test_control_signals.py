@@ -177,6 +177,19 @@ def test_latency_from_too_few_requests_is_not_judged() -> None:
         assert detector.update(replace(few, now=100.0 + 2 * tick)) == []
 
 
+def test_ttft_is_judged_on_the_requests_it_is_over() -> None:
+    """A burst's requests count towards TPOT but not TTFT: enough requests for TPOT are not enough for a
+    TTFT p99 over the few left (the largest of two first tokens is no p99)."""
+    detector = CongestionDetector(CONFIG)
+    few = base_obs(latency_samples=CONFIG.min_samples, ttft_samples=2, ttft_p99=5.0)
+    for tick in range(4):
+        assert detector.update(replace(few, now=100.0 + 2 * tick)) == []
+    enough = replace(few, ttft_samples=CONFIG.min_samples)
+    detector.update(replace(enough, now=110.0))
+    [signal] = detector.update(replace(enough, now=112.0))
+    assert signal.reason is Reason.TTFT
+
+
 def cut_on_latency(**latency: float) -> CongestionDetector:
     """A detector whose latency signal (confirmed at t=102) the controller has just acted on."""
     detector = CongestionDetector(CONFIG)

@@ -153,9 +153,10 @@ class Scripted:
         return {}
 
 
-def test_a_steps_burst_is_left_out_of_the_latency_evidence() -> None:
+def test_a_steps_burst_is_left_out_of_the_ttft_evidence_only() -> None:
     """The requests a step up admits at once prefill behind each other: their slow first tokens are the
-    step's doing, so only requests admitted once it settled are judged."""
+    step's doing, so only requests admitted once it settled are judged on TTFT. Their decoding ran at the new
+    limit, so it counts towards TPOT."""
     config = AimdConfig(settle_s=2.0)
     algorithm = Scripted([5, 5, 10])  # the second tick (t=4) raises the limit from 5 to 10
     control = UpstreamControl("u", config, initial_limit=5, algorithm=algorithm)
@@ -165,14 +166,17 @@ def test_a_steps_burst_is_left_out_of_the_latency_evidence() -> None:
     for i in range(5):  # the step's burst, admitted right after it
         window.add(sample(4.1 + 0.2 * i, ttft=3.0, dur=4.0))
     control.tick(12.0, window, LimiterState(10, 10, 10, 3))
-    assert algorithm.seen[-1].latency_samples == 0 and algorithm.seen[-1].ttft_p99 is None
+    seen = algorithm.seen[-1]
+    assert seen.first_token_samples == 0 and seen.ttft_p99 is None
+    assert seen.latency_samples == 5 and seen.tpot_p99 == pytest.approx(0.01)  # (4 s - 3 s) / 100 tokens
     for i in range(5):  # admitted once the step settled, as slow: this limit's own latency
         window.add(sample(7.0 + 0.2 * i, ttft=3.0, dur=4.0))
     control.tick(14.0, window, LimiterState(10, 10, 10, 3))
-    assert algorithm.seen[-1].latency_samples == 5 and algorithm.seen[-1].ttft_p99 == pytest.approx(3.0)
+    seen = algorithm.seen[-1]
+    assert seen.first_token_samples == 5 and seen.ttft_p99 == pytest.approx(3.0) and seen.latency_samples == 10
 
 
-def test_a_bursts_long_answers_stay_out_of_the_evidence_after_the_window_passed_its_admission() -> None:
+def test_a_bursts_long_answers_stay_out_of_the_ttft_evidence_after_the_window_passed_its_admission() -> None:
     """The window holds requests by when they finished, so a burst's requests with answers longer than the
     window's horizon arrive in it after the burst itself is older than the horizon: they are still the
     burst's (the 70B long-prompt deployment's ``ttft_slo`` cuts were its first tokens, seconds late)."""
@@ -187,7 +191,8 @@ def test_a_bursts_long_answers_stay_out_of_the_evidence_after_the_window_passed_
         window.add(sample(4.1 + 0.2 * i, ttft=3.0, dur=20.0))
     window.add(sample(10.0, ttft=0.4, dur=15.0))  # admitted in steady state
     control.tick(26.0, window, LimiterState(10, 10, 10, 3))
-    assert algorithm.seen[-1].latency_samples == 1 and algorithm.seen[-1].ttft_p99 == pytest.approx(0.4)
+    seen = algorithm.seen[-1]
+    assert seen.first_token_samples == 1 and seen.ttft_p99 == pytest.approx(0.4) and seen.latency_samples == 6
 
 
 def test_demand_that_fills_spare_slots_at_once_is_a_burst_too() -> None:
@@ -201,7 +206,8 @@ def test_demand_that_fills_spare_slots_at_once_is_a_burst_too() -> None:
         window.add(sample(2.5 + 0.5 * i, ttft=3.0, dur=4.0))  # admitted in the burst (2 s to 6 s)
     window.add(sample(7.0, ttft=0.5, dur=4.0))  # admitted in steady state
     control.tick(12.0, window, LimiterState(8, 8, 8, 5))
-    assert algorithm.seen[-1].latency_samples == 1 and algorithm.seen[-1].ttft_p99 == 0.5
+    seen = algorithm.seen[-1]
+    assert seen.first_token_samples == 1 and seen.ttft_p99 == 0.5 and seen.latency_samples == 5
 
 
 @pytest.mark.parametrize("cut_to,still_counted", [(19, True), (15, False)])

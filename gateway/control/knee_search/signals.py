@@ -90,7 +90,7 @@ class CongestionDetector:
         self._pending = []
         found: list[Signal] = []
         if self._unjudged is not None and (
-            obs.latency_samples >= cfg.min_samples or obs.now - self._unjudged[1] >= UNJUDGED_MAX_S
+            _judged_on(obs, self._unjudged[0]) >= cfg.min_samples or obs.now - self._unjudged[1] >= UNJUDGED_MAX_S
         ):
             self._unjudged = None
 
@@ -119,7 +119,7 @@ class CongestionDetector:
             (Reason.TTFT, obs.ttft_p99, cfg.ttft_p99_slo_s),
             (Reason.TPOT, obs.tpot_p99, cfg.tpot_p99_slo_s),
         ):
-            measured = slo is not None and value is not None and obs.latency_samples >= cfg.min_samples
+            measured = slo is not None and value is not None and _judged_on(obs, reason) >= cfg.min_samples
             over = measured and value > slo  # type: ignore[operator]
             if self._persist(reason, over):
                 assert value is not None and slo is not None
@@ -205,6 +205,11 @@ class CongestionDetector:
             "backend_waiting_since": self._waiting_since,
             "latency_unjudged": None if self._unjudged is None else self._unjudged[0].value,
         }
+
+
+def _judged_on(obs: Observation, reason: Reason) -> int:
+    """How many requests the latency objective ``reason`` is judged on."""
+    return obs.first_token_samples if reason is Reason.TTFT else obs.latency_samples
 
 
 def queue_allowance(running: int | None) -> float:
