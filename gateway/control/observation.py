@@ -100,7 +100,7 @@ class Latency:
     ttft_p99: float | None  # net of the gateway's queue
     tpot_p99: float | None
     tpot_p50: float | None
-    ttft_samples: int | None = None  # the requests ttft_p99 is over, when fewer than ``samples``
+    ttft_samples: int | None = None  # how many requests ttft_p99 is over (None: ``samples``)
 
     @classmethod
     def of(cls, samples: list[RequestSample], first_tokens: list[RequestSample] | None = None) -> Latency:
@@ -170,7 +170,7 @@ class Observation:
     tokens_pending_since: float | None = None
     # the other replicas in front of the same backend, from shared state (None: none known)
     peers: Peers | None = None
-    ttft_samples: int | None = None
+    ttft_samples: int | None = None  # see latency_samples
 
     @property
     def failures(self) -> int:
