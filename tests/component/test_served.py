@@ -189,7 +189,7 @@ async def test_a_body_whole_with_its_head_is_read_without_a_timer_and_one_still_
     stage: Stage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The front door marks a request whose body has all arrived: reading it cannot wait, so no timer is armed
-    (it costs more than the read). A body still arriving is read under ``request_read_timeout_s``: a trickle
+    (it costs more than the read), on a generation route as on a light one. A body still arriving is read under ``request_read_timeout_s``: a trickle
     that stops is a 408."""
     from gateway.server.routes import inbound
 
@@ -201,14 +201,18 @@ async def test_a_body_whole_with_its_head_is_read_without_a_timer_and_one_still_
 
     monkeypatch.setattr(inbound, "asyncio", SimpleNamespace(timeout=timeout))
     upstream = await stage.upstream()
-    upstream.then(whole(chat_answer()), whole(chat_answer()))
+    upstream.then(whole(chat_answer()), whole({"tokens": [1, 2]}), whole(chat_answer()))
     gw = await stage.gateway(upstream, request_read_timeout_s=0.3)
     body = json.dumps({"model": MODEL, "messages": CHAT}).encode()
     head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
     head += b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
+    light = json.dumps({"model": MODEL, "prompt": "x"}).encode()
+    light_head = head.replace(b"/v1/chat/completions", b"/tokenize").replace(b"%d" % len(body), b"%d" % len(light))
     async with served(gw) as url:
         status, _, _ = head_of(await exchange_raw(url, head + body))
         assert status == 200 and armed == []
+        status, _, answer = head_of(await exchange_raw(url, light_head + light))  # a light route reads it the same way
+        assert (status, answer, armed) == (200, {"tokens": [1, 2]}, [])
 
         host, port = url.removeprefix("http://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
@@ -225,4 +229,4 @@ async def test_a_body_whole_with_its_head_is_read_without_a_timer_and_one_still_
 
         status, _, answer = head_of(await exchange_raw(url, head + body[:10]))  # and the rest never comes
     assert status == 408 and answer["error"]["code"] == "request_timeout"
-    assert len(armed) == 2 and len(upstream.posts()) == 2
+    assert len(armed) == 2 and len(upstream.posts()) == 3

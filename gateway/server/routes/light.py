@@ -23,6 +23,7 @@ from collections.abc import Awaitable
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
 
+from gateway.common.connection_loss import connection_loss
 from gateway.server.parts import Gateway
 from gateway.server.process.drain import shutting_down
 from gateway.server.relay.request_watch import ClientGone
@@ -102,8 +103,10 @@ class _Light:
         return Response(payload, status_code=status, media_type=content_type)
 
     async def body(self) -> bytes | Response:
-        """The body, read as the generation routes read theirs (bounded, timed), or the refusal."""
+        """The body, read as the generation routes read theirs (bounded, timed unless the front door saw it
+        arrive whole), or the refusal."""
         settings = self.gateway.settings
+        loss = connection_loss(self.request.scope)
         try:
             return await read_body(
                 self.request.receive,
@@ -111,6 +114,7 @@ class _Light:
                 declared_length=self.headers.content_length,
                 timeout_s=settings.request_read_timeout_s,
                 budget=self.gateway.queue,
+                received=loss is not None and loss.body_received,
             )
         except ClientGone:
             self.gateway.metrics.rejections.labels("client_disconnected").inc()
