@@ -100,7 +100,7 @@ class Latency:
     ttft_p99: float | None  # net of the gateway's queue
     tpot_p99: float | None
     tpot_p50: float | None
-    ttft_samples: int | None = None  # how many requests ttft_p99 is over (None: ``samples``)
+    ttft_samples: int  # how many requests ttft_p99 is over
 
     @classmethod
     def of(cls, samples: list[RequestSample], first_tokens: list[RequestSample] | None = None) -> Latency:
@@ -108,17 +108,13 @@ class Latency:
         first token speaks for the limit, where every one's decoding does)."""
         ok = [s for s in samples if s.outcome is Outcome.OK]
         tpot = [v for v in (s.tpot for s in ok) if v is not None]
-        if first_tokens is None:
-            timed, counted = ok, None
-        else:
-            timed = [s for s in first_tokens if s.outcome is Outcome.OK]
-            counted = len(timed)
+        timed = ok if first_tokens is None else [s for s in first_tokens if s.outcome is Outcome.OK]
         ttft = [v for v in (s.upstream_ttft for s in timed) if v is not None]
-        return cls(len(ok), percentile(ttft, 99), percentile(tpot, 99), percentile(tpot, 50), counted)
+        return cls(len(ok), percentile(ttft, 99), percentile(tpot, 99), percentile(tpot, 50), len(timed))
 
     @classmethod
     def from_stats(cls, stats: WindowStats) -> Latency:
-        return cls(stats.ok, stats.upstream_ttft_p99, stats.tpot_p99, stats.tpot_p50)
+        return cls(stats.ok, stats.upstream_ttft_p99, stats.tpot_p99, stats.tpot_p50, stats.ok)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +132,9 @@ class Observation:
     ok: int
     # p99 latencies over the successful requests *admitted since the last decrease* (older ones ran
     # at a limit that no longer exists), and how many requests that is; TTFT leaves out a burst's
-    # requests (``ttft_samples`` of them count; None: all of ``latency_samples``)
+    # requests (``ttft_samples`` of them count)
     latency_samples: int
+    ttft_samples: int
     ttft_p99: float | None  # net of the gateway's queue: what the backend caused
     tpot_p99: float | None
     tpot_p50: float | None
@@ -170,16 +167,10 @@ class Observation:
     tokens_pending_since: float | None = None
     # the other replicas in front of the same backend, from shared state (None: none known)
     peers: Peers | None = None
-    ttft_samples: int | None = None  # see latency_samples
 
     @property
     def failures(self) -> int:
         return self.upstream_errors + self.timeouts
-
-    @property
-    def first_token_samples(self) -> int:
-        """How many requests ``ttft_p99`` is over."""
-        return self.latency_samples if self.ttft_samples is None else self.ttft_samples
 
     @property
     def bottleneck(self) -> bool:

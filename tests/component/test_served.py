@@ -189,8 +189,8 @@ async def test_a_body_whole_with_its_head_is_read_without_a_timer_and_one_still_
     stage: Stage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The front door marks a request whose body has all arrived: reading it cannot wait, so no timer is armed
-    (it costs more than the read), on a generation route as on a light one. A body still arriving is read under ``request_read_timeout_s``: a trickle
-    that stops is a 408."""
+    (it costs more than the read), on a generation route as on a light one. A body still arriving is read under
+    ``request_read_timeout_s``: a trickle that stops is a 408."""
     from gateway.server.routes import inbound
 
     armed: list[float] = []

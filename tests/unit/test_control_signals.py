@@ -22,6 +22,11 @@ def base_obs(now: float = 100.0, **changes):
     return replace(obs, **changes)
 
 
+def judged_on(requests: int) -> dict[str, int]:
+    """An observation's latency p99s, TTFT's and TPOT's alike, over this many requests."""
+    return {"latency_samples": requests, "ttft_samples": requests}
+
+
 def reasons(signals) -> list[Reason]:
     return [s.reason for s in signals]
 
@@ -162,7 +167,7 @@ def test_gpu_headroom_from_nvml_readings_through_observe() -> None:
 )
 def test_latency_over_its_objective_cuts_in_proportion_once_confirmed(name: str, value: float, slo_name: str) -> None:
     detector = CongestionDetector(CONFIG)
-    over = base_obs(latency_samples=CONFIG.min_samples, **{name: value})
+    over = base_obs(**judged_on(CONFIG.min_samples), **{name: value})
     assert detector.update(over) == []
     [signal] = detector.update(replace(over, now=102.0))
     slo = getattr(CONFIG, slo_name)
@@ -172,7 +177,7 @@ def test_latency_over_its_objective_cuts_in_proportion_once_confirmed(name: str,
 
 def test_latency_from_too_few_requests_is_not_judged() -> None:
     detector = CongestionDetector(CONFIG)
-    few = base_obs(latency_samples=CONFIG.min_samples - 1, tpot_p99=1.0)
+    few = base_obs(**judged_on(CONFIG.min_samples - 1), tpot_p99=1.0)
     for tick in range(4):
         assert detector.update(replace(few, now=100.0 + 2 * tick)) == []
 
@@ -193,7 +198,7 @@ def test_ttft_is_judged_on_the_requests_it_is_over() -> None:
 def cut_on_latency(**latency: float) -> CongestionDetector:
     """A detector whose latency signal (confirmed at t=102) the controller has just acted on."""
     detector = CongestionDetector(CONFIG)
-    over = base_obs(latency_samples=CONFIG.min_samples, **latency)
+    over = base_obs(**judged_on(CONFIG.min_samples), **latency)
     detector.update(over)
     [signal] = detector.update(replace(over, now=102.0))
     detector.decreased(replace(over, now=102.0), signal)
@@ -205,12 +210,12 @@ def test_after_a_latency_cut_increases_wait_until_the_objective_is_judged_again(
     finished for a minute: a step up in that time would go back over the line before anything could say so
     (the matrix's AWQ deployment, 2x slower, probed back over its TPOT cliff 42 s after the cut)."""
     detector = cut_on_latency(tpot_p99=0.2)
-    unjudged = base_obs(now=104.0, latency_samples=CONFIG.min_samples - 1, tpot_p99=None)
+    unjudged = base_obs(now=104.0, **judged_on(CONFIG.min_samples - 1), tpot_p99=None)
     for tick in range(3):
         now = replace(unjudged, now=104.0 + 2 * tick)
         assert detector.update(now) == []
         assert detector.blocking(now) is Reason.TPOT
-    judged = base_obs(now=110.0, latency_samples=CONFIG.min_samples, tpot_p99=0.05)
+    judged = base_obs(now=110.0, **judged_on(CONFIG.min_samples), tpot_p99=0.05)
     assert detector.update(judged) == []
     assert detector.blocking(judged) is None
 
@@ -218,7 +223,7 @@ def test_after_a_latency_cut_increases_wait_until_the_objective_is_judged_again(
 def test_a_latency_cut_that_is_never_judged_again_stops_blocking_in_time() -> None:
     """Traffic that turned to whole answers brings no latency samples: the wait has an end."""
     detector = cut_on_latency(ttft_p99=5.0)
-    silent = base_obs(latency_samples=0, ttft_p99=None)
+    silent = base_obs(**judged_on(0), ttft_p99=None)
     before = replace(silent, now=102.0 + UNJUDGED_MAX_S - 2.0)
     detector.update(before)
     assert detector.blocking(before) is Reason.TTFT

@@ -56,8 +56,11 @@ def test_unknown_headroom_has_no_age() -> None:
 
 
 def test_latency_of_chosen_samples() -> None:
-    latency = Latency.of([sample(1.0, ttft=0.1), sample(2.0, ttft=0.3)])
-    assert latency.samples == 2 and latency.ttft_p99 == pytest.approx(0.298)
+    both = [sample(1.0, ttft=0.1), sample(2.0, ttft=0.3)]
+    latency = Latency.of(both)
+    assert latency.samples == latency.ttft_samples == 2 and latency.ttft_p99 == pytest.approx(0.298)
+    first_only = Latency.of(both, both[:1])  # TTFT over the first request, TPOT over both
+    assert (first_only.samples, first_only.ttft_samples, first_only.ttft_p99) == (2, 1, pytest.approx(0.1))
 
 
 def test_tick_reads_the_window_and_the_cumulative_token_count() -> None:
@@ -167,13 +170,13 @@ def test_a_steps_burst_is_left_out_of_the_ttft_evidence_only() -> None:
         window.add(sample(4.1 + 0.2 * i, ttft=3.0, dur=4.0))
     control.tick(12.0, window, LimiterState(10, 10, 10, 3))
     seen = algorithm.seen[-1]
-    assert seen.first_token_samples == 0 and seen.ttft_p99 is None
+    assert seen.ttft_samples == 0 and seen.ttft_p99 is None
     assert seen.latency_samples == 5 and seen.tpot_p99 == pytest.approx(0.01)  # (4 s - 3 s) / 100 tokens
     for i in range(5):  # admitted once the step settled, as slow: this limit's own latency
         window.add(sample(7.0 + 0.2 * i, ttft=3.0, dur=4.0))
     control.tick(14.0, window, LimiterState(10, 10, 10, 3))
     seen = algorithm.seen[-1]
-    assert seen.first_token_samples == 5 and seen.ttft_p99 == pytest.approx(3.0) and seen.latency_samples == 10
+    assert seen.ttft_samples == 5 and seen.ttft_p99 == pytest.approx(3.0) and seen.latency_samples == 10
 
 
 def test_a_bursts_long_answers_stay_out_of_the_ttft_evidence_after_the_window_passed_its_admission() -> None:
@@ -192,7 +195,7 @@ def test_a_bursts_long_answers_stay_out_of_the_ttft_evidence_after_the_window_pa
     window.add(sample(10.0, ttft=0.4, dur=15.0))  # admitted in steady state
     control.tick(26.0, window, LimiterState(10, 10, 10, 3))
     seen = algorithm.seen[-1]
-    assert seen.first_token_samples == 1 and seen.ttft_p99 == pytest.approx(0.4) and seen.latency_samples == 6
+    assert seen.ttft_samples == 1 and seen.ttft_p99 == pytest.approx(0.4) and seen.latency_samples == 6
 
 
 def test_demand_that_fills_spare_slots_at_once_is_a_burst_too() -> None:
@@ -207,7 +210,7 @@ def test_demand_that_fills_spare_slots_at_once_is_a_burst_too() -> None:
     window.add(sample(7.0, ttft=0.5, dur=4.0))  # admitted in steady state
     control.tick(12.0, window, LimiterState(8, 8, 8, 5))
     seen = algorithm.seen[-1]
-    assert seen.first_token_samples == 1 and seen.ttft_p99 == 0.5 and seen.latency_samples == 5
+    assert seen.ttft_samples == 1 and seen.ttft_p99 == 0.5 and seen.latency_samples == 5
 
 
 @pytest.mark.parametrize("cut_to,still_counted", [(19, True), (15, False)])

@@ -209,7 +209,7 @@ class CongestionDetector:
 
 def _judged_on(obs: Observation, reason: Reason) -> int:
     """How many requests the latency objective ``reason`` is judged on."""
-    return obs.first_token_samples if reason is Reason.TTFT else obs.latency_samples
+    return obs.ttft_samples if reason is Reason.TTFT else obs.latency_samples
 
 
 def queue_allowance(running: int | None) -> float:
