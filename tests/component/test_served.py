@@ -203,11 +203,15 @@ async def test_a_body_whole_with_its_head_is_read_without_a_timer_and_one_still_
     upstream = await stage.upstream()
     upstream.then(whole(chat_answer()), whole({"tokens": [1, 2]}), whole(chat_answer()))
     gw = await stage.gateway(upstream, request_read_timeout_s=0.3)
+
+    def post_head(path: bytes, body: bytes) -> bytes:
+        head = b"POST %s HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n" % path
+        return head + b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
+
     body = json.dumps({"model": MODEL, "messages": CHAT}).encode()
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-    head += b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
+    head = post_head(b"/v1/chat/completions", body)
     light = json.dumps({"model": MODEL, "prompt": "x"}).encode()
-    light_head = head.replace(b"/v1/chat/completions", b"/tokenize").replace(b"%d" % len(body), b"%d" % len(light))
+    light_head = post_head(b"/tokenize", light)
     async with served(gw) as url:
         status, _, _ = head_of(await exchange_raw(url, head + body))
         assert status == 200 and armed == []
