@@ -168,7 +168,7 @@ class Forward:
                 declared_length=self.headers.content_length,
                 timeout_s=settings.request_read_timeout_s,
                 budget=gateway.queue,
-                received=self.connection_loss is not None and self.connection_loss.body_received,
+                loss=self.connection_loss,
             )
         except ClientGone:  # left while sending its body
             gateway.metrics.rejections.labels("client_disconnected").inc()

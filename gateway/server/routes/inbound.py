@@ -8,6 +8,7 @@ from typing import Protocol
 
 from starlette.types import Receive
 
+from gateway.common.connection_loss import ConnectionLoss
 from gateway.server.relay.request_watch import ClientGone
 
 #: An X-Request-Id the gateway accepts from a client (echoed back, and logged beside the gateway's own id, which
@@ -106,7 +107,7 @@ async def read_body(
     declared_length: str | None,
     timeout_s: float,
     budget: ReceivingBudget | None = None,
-    received: bool = False,
+    loss: ConnectionLoss | None = None,
 ) -> bytes:
     """The whole request body, read by every route that takes one, in one bounded, timed way.
 
@@ -121,9 +122,10 @@ async def read_body(
     one sent in chunks of unknown total piece by piece (refused when a piece does not fit). A refusal is a
     429 with Retry-After.
 
-    ``received``: the server says the whole body has arrived already (the front door's
-    :attr:`~gateway.common.connection_loss.ConnectionLoss.body_received`), so no read can wait: it is read
-    without arming the timer, which costs more than the read itself."""
+    ``loss``: the request's connection as the front door sees it
+    (:func:`~gateway.common.connection_loss.connection_loss`; None under another server). When it says the whole
+    body has arrived already (:attr:`~gateway.common.connection_loss.ConnectionLoss.body_received`), no read
+    can wait: the body is read without arming the timer, which costs more than the read itself."""
     declared = int(declared_length) if declared_length is not None and declared_length.isdigit() else None
     if declared is not None and declared > limit:
         raise BodyRefused(413, "body_too_large", f"request body exceeds {limit} bytes")
@@ -133,7 +135,7 @@ async def read_body(
         if budget is not None and declared is not None and declared >= HOLD_DECLARED_FROM:
             _hold(budget, declared, held)
             budget = None  # held whole: nothing more to hold while it arrives
-        if received:
+        if loss is not None and loss.body_received:
             return await _read_within(receive, limit, budget, held)
         async with asyncio.timeout(timeout_s):
             return await _read_within(receive, limit, budget, held)

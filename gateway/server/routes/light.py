@@ -106,7 +106,6 @@ class _Light:
         """The body, read as the generation routes read theirs (bounded, timed unless the front door saw it
         arrive whole), or the refusal."""
         settings = self.gateway.settings
-        loss = connection_loss(self.request.scope)
         try:
             return await read_body(
                 self.request.receive,
@@ -114,7 +113,7 @@ class _Light:
                 declared_length=self.headers.content_length,
                 timeout_s=settings.request_read_timeout_s,
                 budget=self.gateway.queue,
-                received=loss is not None and loss.body_received,
+                loss=connection_loss(self.request.scope),
             )
         except ClientGone:
             self.gateway.metrics.rejections.labels("client_disconnected").inc()
