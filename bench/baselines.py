@@ -15,6 +15,10 @@ Envoy's gradient controller, Netflix's Gradient2, Vegas and AIMD on latency.
         --json docs/baselines-matrix.json        # every deployment x 4 scenarios (issue 38)
     python -m bench.baselines --matrix --quick --schemes controller,static_16   # smoke: two small deployments
     python -m bench.baselines --matrix --jobs 2 --schemes controller --seed 2   # the controller's cells, another draw
+    python -m bench.baselines --matrix --jobs 2 --schemes controller,static_switched --seed 2   # and the reference's
+
+The matrix's ``static_switched`` column is a reference, not an alternative (:class:`PhaseSchedule`): the best
+static limit of each phase, switched at the phase's start, run in the scenario itself.
 
 Run from the repository root (``tests`` is a package there). ``--docs`` rewrites the section between
 ``<!-- baselines:begin -->`` and ``<!-- baselines:end -->``; ``--plot`` writes one PNG per scenario with
@@ -34,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._json import write_json
-from gateway.control.algorithm import LimitAlgorithm
+from gateway.control.algorithm import Decision, LimitAlgorithm
 from gateway.control.baselines import (
     AimdLatencyLimit,
     EnvoyGradient,
@@ -42,11 +46,22 @@ from gateway.control.baselines import (
     ThresholdGate,
     VegasLimit,
 )
+from gateway.control.baselines.common import decision
 from gateway.control.baselines.envoy_gradient import CONCURRENCY_UPDATE_INTERVAL_S
 from gateway.control.baselines.threshold import REFRESH_METRICS_INTERVAL_S
 from gateway.control.config import AimdConfig
+from gateway.control.observation import Observation
 from gateway.sim.profiles import get_profile
-from testbed.scenarios.catalogue import SCENARIOS, Phase, PhaseResult, Scenario, by_name, run, sweep_start
+from testbed.scenarios.catalogue import (
+    SCENARIOS,
+    Phase,
+    PhaseResult,
+    Scenario,
+    by_name,
+    phase_oracle,
+    run,
+    sweep_start,
+)
 from testbed.scenarios.harness import Conditions, Workload
 
 BEGIN, END = "<!-- baselines:begin -->", "<!-- baselines:end -->"
@@ -397,7 +412,60 @@ def _static(limit: int) -> Callable[[Scenario, AimdConfig], dict[str, Any]]:
 
 
 GUESS_SCHEMES: tuple[Scheme, ...] = tuple(Scheme(f"static_{n}", f"static {n} (a guess)", _static(n)) for n in GUESSES)
-MATRIX_SCHEMES = (CONTROLLER, "static_max", *ADAPTIVE, *(s.name for s in GUESS_SCHEMES))
+
+
+class PhaseSchedule:
+    """Each phase's own limit from that phase's start: a schedule of ``(start, limit)`` in the harness's time.
+
+    With the oracle's best static limit per phase, this is what an operator who knew every change in advance
+    would configure, switched at the first tick of each phase (at most one control interval late). The oracle
+    measures each limit in a steady state after a long warm-up; run in the scenario itself, the same limits
+    pay for its transitions (a start of every client at once, requests admitted before a slowdown still
+    running after it). So this scheme's cell is how much of the oracle's goodput any limit could reach there:
+    the reference a miss of goal 1 is read against, never an alternative the goals count."""
+
+    def __init__(self, schedule: Sequence[tuple[float, int]]) -> None:
+        if not schedule or any(limit < 1 for _, limit in schedule):
+            raise ValueError("a schedule needs one limit of at least 1 from its start")
+        self._schedule = tuple(sorted(schedule))
+        self._limit = self._schedule[0][1]
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    def step(self, observation: Observation) -> Decision:
+        previous = self._limit
+        self._limit = next(limit for start, limit in reversed(self._schedule) if observation.now >= start)
+        return decision(observation.now, self._limit, previous, "schedule")
+
+    def state(self) -> dict[str, Any]:
+        return {"algorithm": "schedule", "limit": self._limit, "schedule": [list(item) for item in self._schedule]}
+
+
+def _best_static_switched(scenario: Scenario, config: AimdConfig) -> dict[str, Any]:
+    """The oracle's best static limit of every phase, held from the phase's start (split evenly over the
+    gateways); a phase with no oracle keeps the limit before it."""
+    gateways = len(scenario.phases[0].conditions.clients)
+    schedule: list[tuple[float, int]] = []
+    start = 0.0
+    for phase in scenario.phases:
+        if phase.judged_against_static:
+            best = phase_oracle(scenario, phase, config).best.limit
+            schedule.append((start, max(1, -(-best // gateways))))
+        start += phase.duration_s
+    if not schedule:
+        raise ValueError(f"{scenario.name} has no phase judged against the best static limits")
+    schedule[0] = (0.0, schedule[0][1])
+    return {"algorithm": partial(PhaseSchedule, schedule)}
+
+
+# The reference column: not an alternative a user runs, so no goal counts it (PhaseSchedule says why).
+SWITCHED = "static_switched"
+REFERENCE_SCHEMES: tuple[Scheme, ...] = (
+    Scheme(SWITCHED, "best static per phase, switched at its start (reference)", _best_static_switched),
+)
+MATRIX_SCHEMES = (CONTROLLER, SWITCHED, "static_max", *ADAPTIVE, *(s.name for s in GUESS_SCHEMES))
 MATRIX_KINDS = ("steady_overload", "load_steps", "backend_slowdown", "output_mix_shift")
 GOAL_CELL = 0.9  # the controller's goodput over the best static limit's, in every cell
 GOAL_FAIL = 0.7  # every alternative falls below this in at least one deployment
@@ -515,7 +583,7 @@ def deployment(name: str) -> Deployment:
 
 
 def _scheme(name: str) -> Scheme:
-    return next(s for s in (*SCHEMES, *VARIANTS, *GUESS_SCHEMES) if s.name == name)
+    return next(s for s in (*SCHEMES, *VARIANTS, *GUESS_SCHEMES, *REFERENCE_SCHEMES) if s.name == name)
 
 
 def run_deployment(
@@ -569,7 +637,8 @@ def matrix_goals(outcomes: dict[str, dict[str, Run]], schemes: Sequence[str]) ->
 
     cells = {name: [(sc, ratio(by[name])) for sc, by in outcomes.items() if name in by] for name in schemes}
     worst = {name: min(cells[name], key=lambda c: c[1]) for name in schemes if cells[name]}
-    others = [name for name in schemes if name != CONTROLLER and name in worst]
+    references = {s.name for s in REFERENCE_SCHEMES}
+    others = [name for name in schemes if name != CONTROLLER and name not in references and name in worst]
     mine = cells.get(CONTROLLER, [])
     misses = [(sc, r) for sc, r in mine if r < GOAL_CELL]
     never = []
@@ -612,6 +681,19 @@ def matrix_goals(outcomes: dict[str, dict[str, Run]], schemes: Sequence[str]) ->
             f"controller's worst is {mine_worst:.2f} ({worst[CONTROLLER][0]}), the best worst among the others is "
             f"{matrix_label(best_other)}'s {theirs:.2f} ({worst[best_other][0]}): {times}, "
             + ("**holds**." if held else "**missed**.")
+        )
+    if mine and SWITCHED in cells:
+        reachable = dict(cells[SWITCHED])
+        out_of_reach = [sc for sc, r in reachable.items() if r < GOAL_CELL]
+        against = [(sc, r / reachable[sc]) for sc, r in mine if reachable.get(sc, 0) > 0]
+        short = [(sc, r) for sc, r in against if r < GOAL_CELL]
+        lines.append(
+            f"- Read against the reference (the best static limit of each phase, switched at its start): it reaches "
+            f"{GOAL_CELL}x the oracle in {len(cells[SWITCHED]) - len(out_of_reach)} of {len(cells[SWITCHED])} cells"
+            + (f" (not in {', '.join(out_of_reach)})" if out_of_reach else "")
+            + f"; the controller is at >= {GOAL_CELL}x the reference in {len(against) - len(short)} of {len(against)}"
+            + (": short in " + ", ".join(f"{sc} ({r:.2f})" for sc, r in short) if short else "")
+            + "."
         )
     return "\n".join(lines) + "\n"
 

@@ -76,6 +76,8 @@ OVERLOAD = (80,)
 FULL = ("converge", "goodput", "tpot")
 REPLICAS = ("fair", "converge", "sum_in_band", "goodput", "tpot")
 LIES = ("holds_goodput", "tpot")  # /metrics lie or go silent: the request path's signals alone
+# The checks that compare a phase with the best static limits under its conditions (the oracle).
+ORACLE_CHECKS = frozenset({"converge", "goodput", "holds_goodput", "below_onset", "no_creep", "sum_in_band"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,11 @@ class Phase:
     checks: tuple[str, ...] = FULL
     restart: tuple[int, ...] = ()  # gateways that start afresh at the phase start (a new or restarted pod)
     leave: tuple[int, ...] = ()  # gateways that go away at the phase start (their shared entry with them)
+
+    @property
+    def judged_against_static(self) -> bool:
+        """Whether a check of this phase compares with the best static limits (idle phases, storms: no)."""
+        return bool(set(self.checks) & ORACLE_CHECKS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -515,15 +522,17 @@ def run(
     return results
 
 
+def phase_oracle(scenario: Scenario, phase: Phase, config: AimdConfig) -> Oracle:
+    """The best static limits under ``phase``'s conditions, up to the backend's own cap (at least 128, so a
+    knee in the hundreds is found too): what the phase is judged against."""
+    ceiling = max(128, get_profile(scenario.profile).max_num_seqs)
+    return oracle(scenario.profile, phase.conditions, config, scenario.seed, ceiling)
+
+
 def _judge(
     scenario: Scenario, phase: Phase, harness: Harness, config: AimdConfig, start: float, end: float, before: list[int]
 ) -> PhaseResult:
-    needs_oracle = bool(
-        set(phase.checks) & {"converge", "goodput", "holds_goodput", "below_onset", "no_creep", "sum_in_band"}
-    )
-    # Static limits up to the backend's own cap (at least 128): a knee in the hundreds is found too.
-    ceiling = max(128, get_profile(scenario.profile).max_num_seqs)
-    the_oracle = oracle(scenario.profile, phase.conditions, config, scenario.seed, ceiling) if needs_oracle else None
+    the_oracle = phase_oracle(scenario, phase, config) if phase.judged_against_static else None
     sweet = the_oracle.sweet_spot if the_oracle is not None else 0
     band = ((1 - BAND) * sweet, (1 + BAND) * sweet)
     per_gateway = [

@@ -275,11 +275,14 @@ def test_baselines_one(tmp_path):
 
 
 def test_baselines_matrix_quick(tmp_path):
-    """``--matrix --quick``: the two smallest deployments, phases a quarter as long, two schemes."""
+    """``--matrix --quick``: the two smallest deployments, phases a quarter as long, two schemes and the
+    reference (the best static limit of each phase, switched at its start), which the goals read misses against."""
     out = tmp_path / "matrix.json"
-    run_bench("baselines", "--matrix", "--quick", "--schemes", "controller,static_16", "--json", str(out))
+    schemes = "controller,static_switched,static_16"
+    output = run_bench("baselines", "--matrix", "--quick", "--schemes", schemes, "--json", str(out))
     got = strict_loads(out.read_text())
-    assert {row["scheme"] for row in got["cells"]} == {"controller", "static_16"}
+    assert {row["scheme"] for row in got["cells"]} == {"controller", "static_switched", "static_16"}
+    assert "Read against the reference" in output
     assert len({row["scenario"] for row in got["cells"]}) == 8  # 2 deployments x 4 scenarios
     figures = {"goodput", "goodput_ratio", "best_static", "best_static_goodput", "sweet_spot", "settled"}
     assert all(row["phases"] and figures <= set(row["phases"][0]) for row in got["cells"]), got
