@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 from gateway import __version__
 from gateway.control.window import SlidingWindow
-from gateway.server.admission.admission_queue import AdmissionQueue, Limiter
+from gateway.server.admission.admission_queue import AdmissionQueue
 from gateway.server.admission.keys import KeyRing
+from gateway.server.admission.limiter import Limiter
 from gateway.server.admission.lora_affinity import AdapterAffinity
 from gateway.server.admission.routing import MetricsObserver, PrefixMap, PrefixRouter, RandomRouter
 from gateway.server.admission.tenants import TenantDirectory

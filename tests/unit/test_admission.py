@@ -7,14 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.server.admission.admission_queue import (
-    AdmissionQueue,
-    Limiter,
-    NoHealthyUpstream,
-    QueueBytesFull,
-    QueueFull,
-    QueueTimeout,
-)
+from gateway.server.admission.admission_queue import AdmissionQueue
+from gateway.server.admission.limiter import Limiter
+from gateway.server.admission.refusals import NoHealthyUpstream, QueueBytesFull, QueueFull, QueueTimeout
 
 
 class FakeClock:
@@ -231,7 +226,7 @@ async def test_release_times_are_kept_for_the_drain_horizon_only() -> None:
 
 
 async def test_a_closed_queue_refuses_the_waiting_and_the_next() -> None:
-    from gateway.server.admission.admission_queue import ShuttingDown
+    from gateway.server.admission.refusals import ShuttingDown
 
     queue = make(limit=1)
     held = await queue.acquire(timeout_s=1)

@@ -31,7 +31,8 @@ from gateway.control.baselines import (
 )
 from gateway.control.observation import Headroom, LimiterState, Observation, observe
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
-from gateway.server.admission.admission_queue import AdmissionQueue, Limiter
+from gateway.server.admission.admission_queue import AdmissionQueue
+from gateway.server.admission.limiter import Limiter
 from gateway.server.feedback.algorithm_path import load_factory
 from gateway.server.feedback.control_loop import ControlLoop
 from gateway.server.parts import Gateway

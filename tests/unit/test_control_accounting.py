@@ -11,7 +11,7 @@ from gateway.control.config import AimdConfig
 from gateway.control.knee_search.meter import PENDING_MAX_S, Readings, ThroughputMeter
 from gateway.control.observation import Headroom, LimiterState, observe
 from gateway.control.window import Outcome, RequestSample, SlidingWindow, Span
-from gateway.server.admission.admission_queue import Limiter
+from gateway.server.admission.limiter import Limiter
 from gateway.server.relay.measure import RequestTracker
 from gateway.server.upstream.pool import Upstream
 from gateway.telemetry.backends import llama_snapshot, vllm_snapshot

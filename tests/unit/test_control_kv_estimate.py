@@ -15,7 +15,7 @@ from gateway.control.knee_search.kv_estimate import (
     request_tokens,
 )
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
-from gateway.server.admission.admission_queue import Limiter
+from gateway.server.admission.limiter import Limiter
 from gateway.server.admission.prompt_size import estimated_kv_tokens
 from gateway.server.feedback.control_loop import ControlLoop, hard_cap, kv_size
 from gateway.server.parts import Gateway

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from gateway.control.window import SlidingWindow
-from gateway.server.admission.admission_queue import Limiter
+from gateway.server.admission.limiter import Limiter
 from gateway.server.upstream.health import SILENT_PROBES_TO_DOWN, check_health
 from gateway.server.upstream.pool import Upstream
 from testbed.loopback import serving

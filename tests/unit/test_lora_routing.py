@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.server.admission.admission_queue import AdmissionQueue, Limiter
+from gateway.server.admission.admission_queue import AdmissionQueue
+from gateway.server.admission.limiter import Limiter
 from gateway.server.admission.lora_affinity import (
     PLACEMENT_COLD,
     PLACEMENT_RESIDENT,

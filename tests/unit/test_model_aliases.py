@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.control.window import SlidingWindow
-from gateway.server.admission.admission_queue import Limiter
+from gateway.server.admission.limiter import Limiter
 from gateway.server.upstream.pool import OTHER_MODELS, Upstream, UpstreamPool
 from gateway.settings import Settings, alias_targets, load_settings
 

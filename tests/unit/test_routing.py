@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from gateway.server.admission.admission_queue import AdmissionQueue, Limiter
+from gateway.server.admission.admission_queue import AdmissionQueue
+from gateway.server.admission.limiter import Limiter
 from gateway.server.admission.routing import (
     CHUNK_CHARS,
     REASON_LOAD,

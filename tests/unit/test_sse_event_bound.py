@@ -9,7 +9,7 @@ import json
 import pytest
 
 from gateway.control.window import SlidingWindow
-from gateway.server.admission.admission_queue import Limiter
+from gateway.server.admission.limiter import Limiter
 from gateway.server.relay.event_streams import RESPONSES_EVENTS, NamedEventFilter
 from gateway.server.relay.measure import RequestTracker
 from gateway.server.relay.sse import EventTooLarge, SSEFilter

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from gateway.control.window import Outcome, SlidingWindow
-from gateway.server.admission.admission_queue import Limiter
+from gateway.server.admission.limiter import Limiter
 from gateway.server.relay.event_streams import MESSAGES_EVENTS, RESPONSES_EVENTS, NamedEventFilter
 from gateway.server.relay.measure import RequestTracker
 from gateway.server.relay.sse import SSEFilter

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gateway.server.admission.admission_queue import AdmissionQueue, Limiter, QueueFull, QuotaExceeded, TenantQueueFull
+from gateway.server.admission.admission_queue import AdmissionQueue
+from gateway.server.admission.limiter import Limiter
+from gateway.server.admission.refusals import QueueFull, QuotaExceeded, TenantQueueFull
 from gateway.server.admission.reserve import Reserve
 from gateway.server.admission.tenants import MAX_NAMED_TENANTS, Tenant, TenantDirectory, TokenBucket
 from gateway.settings import Settings

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.control.window import SlidingWindow
-from gateway.server.admission.admission_queue import Limiter
+from gateway.server.admission.limiter import Limiter
 from gateway.server.feedback.membership import sibling_limit
 from gateway.server.upstream.discovery import BadUpstreamsFile, UpstreamsFile, diff, parse_upstreams, united
 from gateway.server.upstream.pool import Upstream

@@ -1,15 +1,16 @@
-"""Admission: per-upstream limiters (in-flight permits) and the bounded, tenant-fair queue in front of them.
+"""Admission: the bounded, tenant-fair queue in front of the upstreams' limiters.
 
 One queue serves every upstream so a request waits once and goes to whichever eligible, healthy
 upstream frees a permit first; ties go to the upstream with the most free permits. The queue knows an
-upstream only as an :class:`AdmissionTarget` (a name, health, a limiter), and a :class:`Permit` carries
-the target it was granted on and the tenant it counts against, so whoever holds one has both. Who goes
-next is :mod:`gateway.server.admission.fair_queue`'s choice (priority classes, weighted shares between tenants inside
-a class), and which upstream, ``choose``'s (:mod:`gateway.server.admission.routing`) or the one with the most free
-permits; this module adds the bounds: an upstream's limit (with its top slots kept for light tenants,
-:mod:`gateway.server.admission.reserve`), ``max_queue`` in total, each tenant's ``max_queued`` (429 with its own
-Retry-After), in-flight cap and output-token quota. Nothing here does I/O: the clock is
-injected, waiting is an ``asyncio.Future`` the caller awaits, and a caller that goes away (client
+upstream only as an :class:`AdmissionTarget` (a name, health, a :mod:`~gateway.server.admission.limiter`),
+and a :class:`Permit` carries the target it was granted on and the tenant it counts against, so whoever
+holds one has both. Who goes next is :mod:`gateway.server.admission.fair_queue`'s choice (priority classes,
+weighted shares between tenants inside a class), and which upstream, ``choose``'s
+(:mod:`gateway.server.admission.routing`) or the one with the most free permits; this module adds the bounds:
+an upstream's limit (with its top slots kept for light tenants, :mod:`gateway.server.admission.reserve`),
+``max_queue`` in total, each tenant's ``max_queued`` (429 with its own Retry-After), in-flight cap and
+output-token quota, and refuses with one of :mod:`gateway.server.admission.refusals`. Nothing here does I/O:
+the clock is injected, waiting is an ``asyncio.Future`` the caller awaits, and a caller that goes away (client
 disconnect, timeout) is removed before it can reach an upstream.
 """
 
@@ -23,110 +24,19 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from gateway.control.window import RequestSample
 from gateway.server.admission.fair_queue import Discipline, FairQueue
+from gateway.server.admission.limiter import Limiter
+from gateway.server.admission.refusals import (
+    AdmissionError,
+    NoHealthyUpstream,
+    QueueBytesFull,
+    QueueFull,
+    QueueTimeout,
+    QuotaExceeded,
+    TenantQueueFull,
+)
 from gateway.server.admission.reserve import Reserve
 from gateway.server.admission.retry_after import DRAIN_HORIZON_S, ReleaseRate
 from gateway.server.admission.tenants import Tenant
-
-# Told of each request that ended on a limiter, after its permit was returned and before anyone queued takes
-# it: (its sample, the in-flight count just after it was admitted, the in-flight count now).
-EndListener = Callable[[RequestSample, int, int], None]
-
-
-class Limiter:
-    """In-flight slots for one upstream, one per sequence the backend runs: a request asking for ``n``
-    answers to ``k`` prompts holds ``n x k`` of them, as it holds that many of the backend's batch slots and
-    KV cache. The limit may change at any time; lowering it below the current in-flight count never cancels
-    running requests, it only stops new admissions.
-
-    ``on_end``, when set, hears of every request that ends, in time to change the limit before the freed
-    permit is handed on (an algorithm that learns per request, ``gateway.server.feedback.control_loop``)."""
-
-    def __init__(self, name: str, limit: int) -> None:
-        if limit < 1:
-            raise ValueError("limit must be >= 1")
-        self.name = name
-        self.limit = limit
-        self.inflight = 0
-        self._peak = 0
-        self.on_end: EndListener | None = None
-
-    @property
-    def free(self) -> int:
-        return max(self.limit - self.inflight, 0)
-
-    @property
-    def has_room(self) -> bool:
-        return self.inflight < self.limit
-
-    def set_limit(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError("limit must be >= 1")
-        self.limit = limit
-
-    def fits(self, slots: int) -> bool:
-        return self.inflight + slots <= self.limit
-
-    def acquire(self, slots: int = 1) -> None:
-        self.inflight += slots
-        if self.inflight > self._peak:
-            self._peak = self.inflight
-
-    def release(self, slots: int = 1) -> None:
-        if self.inflight < slots:
-            raise RuntimeError(f"release without acquire on {self.name}")
-        self.inflight -= slots
-
-    def take_peak(self) -> int:
-        """Highest in-flight count since the last call (at least the current one); resets the mark."""
-        peak = max(self._peak, self.inflight)
-        self._peak = self.inflight
-        return peak
-
-
-class AdmissionError(Exception):
-    """A request the gateway refuses; carries what the HTTP layer needs to answer it."""
-
-    status = 503
-    reason = "rejected"
-
-    def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class QueueFull(AdmissionError):
-    status = 429
-    reason = "queue_full"
-
-
-class QueueBytesFull(AdmissionError):
-    status = 429
-    reason = "queue_bytes_full"
-
-
-class TenantQueueFull(AdmissionError):
-    status = 429
-    reason = "tenant_queue_full"
-
-
-class QuotaExceeded(AdmissionError):
-    status = 429
-    reason = "quota_exceeded"
-
-
-class QueueTimeout(AdmissionError):
-    status = 503
-    reason = "queue_timeout"
-
-
-class NoHealthyUpstream(AdmissionError):
-    status = 503
-    reason = "no_upstream"
-
-
-class ShuttingDown(AdmissionError):
-    status = 503
-    reason = "shutting_down"
 
 
 class AdmissionTarget(Protocol):

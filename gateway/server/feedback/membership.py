@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from gateway.control.config import StartPoint
 from gateway.control.window import SlidingWindow
-from gateway.server.admission.admission_queue import Limiter
+from gateway.server.admission.limiter import Limiter
 from gateway.server.feedback.control_loop import ControlLoop, serving_model
 from gateway.server.parts import Gateway, bind_upstream_gauges
 from gateway.server.upstream.discovery import Change, diff, united

@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gateway.server.admission.admission_queue import ShuttingDown
+from gateway.server.admission.refusals import ShuttingDown
 from gateway.server.relay.request_watch import RequestWatch
 
 if TYPE_CHECKING:

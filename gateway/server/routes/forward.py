@@ -21,8 +21,9 @@ from starlette.types import Receive, Scope
 from gateway.common.connection_loss import connection_loss
 from gateway.common.headers import QUEUE_HEADER, queue_header_value
 from gateway.control.window import Outcome
-from gateway.server.admission.admission_queue import AdmissionError, Permit, QueueTimeout, ShuttingDown
+from gateway.server.admission.admission_queue import Permit
 from gateway.server.admission.prompt_size import estimated_kv_tokens
+from gateway.server.admission.refusals import AdmissionError, QueueTimeout, ShuttingDown
 from gateway.server.admission.routing import RouteHint
 from gateway.server.admission.tenants import Tenant
 from gateway.server.parts import Gateway

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from gateway.control.knee_search.capacity import Footprint
 from gateway.control.knee_search.kv_estimate import PromptEstimates, admission_cap
 from gateway.control.window import SlidingWindow
-from gateway.server.admission.admission_queue import Limiter
+from gateway.server.admission.limiter import Limiter
 from gateway.settings import Settings, alias_targets
 from gateway.telemetry.backends.snapshot import LoraState
 
