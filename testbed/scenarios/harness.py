@@ -540,7 +540,7 @@ class Harness:
             self._kv_published = None
 
     def _kv_cap(self, gw: _Gateway) -> int | None:
-        """The gateway's hard cap from the KV cache, worked out as ``control_loop.hard_cap`` does from what
+        """The gateway's hard cap from the KV cache, worked out as ``feedback.hard_cap.hard_cap`` does from what
         vLLM publishes (``vllm:cache_config_info``: the profile's blocks, not a shrunk pool's) and the
         gateway's recent requests, or their estimates while none has finished."""
         gw.footprint = Footprint.update(gw.footprint, gw.window.samples(self.now))

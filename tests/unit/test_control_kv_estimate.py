@@ -17,7 +17,8 @@ from gateway.control.knee_search.kv_estimate import (
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
 from gateway.server.admission.limiter import Limiter
 from gateway.server.admission.prompt_size import estimated_kv_tokens
-from gateway.server.feedback.control_loop import ControlLoop, hard_cap, kv_size
+from gateway.server.feedback.control_loop import ControlLoop
+from gateway.server.feedback.hard_cap import hard_cap, kv_size
 from gateway.server.parts import Gateway
 from gateway.server.routes.validation import (
     ChatRequest,

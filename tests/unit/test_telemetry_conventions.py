@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.control.window import Outcome, RequestSample, SlidingWindow
 from gateway.server.admission.limiter import Limiter
-from gateway.server.feedback.control_loop import hard_cap
+from gateway.server.feedback.hard_cap import hard_cap
 from gateway.server.process.logs import JsonLines, configure_logging, log_access
 from gateway.server.upstream.pool import Upstream
 from gateway.telemetry.backends import BackendSnapshot

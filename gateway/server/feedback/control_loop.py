@@ -33,15 +33,16 @@ from gateway.control.algorithm import Decision, LimitAlgorithm, RequestObserver
 from gateway.control.capacity_signal import CapacitySignal, ModelSignal, Reading
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.controller import UpstreamControl
-from gateway.control.knee_search.capacity import kv_cap
 from gateway.control.observation import GpuHeadroom, Headroom, LimiterState
 from gateway.control.share import Peers
 from gateway.control.window import RequestSample
 from gateway.server.feedback.algorithm_path import load_factory
+from gateway.server.feedback.capacity_export import CapacitySeries, serving_model
+from gateway.server.feedback.hard_cap import hard_cap, kv_size
 from gateway.server.feedback.share_board import REJECT_REASONS, Bounds, ShareBoard, default_namespace
 from gateway.server.feedback.start_points import load_start_points
 from gateway.server.parts import Gateway
-from gateway.server.upstream.pool import OTHER_MODELS, Upstream
+from gateway.server.upstream.pool import Upstream
 from gateway.telemetry.backends import BackendScraper, BackendSnapshot
 from gateway.telemetry.nvml import GpuSource, NvmlSource
 
@@ -66,7 +67,7 @@ class ControlLoop:
     _failing: set[str] = field(default_factory=set)  # upstreams whose last control tick raised
     signal: CapacitySignal | None = None  # the capacity signal, computed on the control tick
     _saturated: dict[str, bool] = field(default_factory=dict)  # whether each upstream's limit bound last tick
-    _exported: dict[str, set[tuple[str, ...]]] = field(default_factory=dict)  # capacity series set, by metric
+    _capacity_series: CapacitySeries = field(default_factory=CapacitySeries)  # the capacity gauges' series set
     _config: AimdConfig | None = None  # the controllers' configuration, for an upstream that joins later
     _factory: Callable[[int], LimitAlgorithm] | None = None  # the `algorithm` setting's, when it names one
     _started: bool = False  # start() ran: an upstream that joins gets its scraper at once
@@ -129,8 +130,7 @@ class ControlLoop:
         self.scrapers.pop(name, None)
         self._failing.discard(name)
         self._saturated.pop(name, None)
-        for exported in self._exported.values():
-            exported -= {labels for labels in exported if name in labels}
+        self._capacity_series.forget(name)
 
     def share_board(self, url: str, **kwargs: Any) -> ShareBoard:
         """The board of ``share_redis_url``: entries checked against this gateway's settings, rejections counted,
@@ -301,36 +301,8 @@ class ControlLoop:
             )
         queued = {model: self.gateway.queue.depth_among(names) for model, names in members.items()}
         signals = self.signal.step(now, readings, queued)
-        self._export(signals)
+        self._capacity_series.set(self.gateway.metrics, signals)
         return signals
-
-    def _export(self, signals: list[ModelSignal]) -> None:
-        """Set each known figure; remove the series of what is not known (or no longer exists)."""
-        metrics = self.gateway.metrics
-        values: dict[str, dict[tuple[str, ...], float]] = {}
-
-        def put(gauge: str, labels: tuple[str, ...], value: float | None) -> None:
-            if value is not None:
-                values.setdefault(gauge, {})[labels] = value
-
-        for signal in signals:
-            model = (signal.model,)
-            for upstream, capacity in signal.capacities.items():
-                put("upstream_capacity_requests", (upstream, signal.model), capacity.requests_per_s)
-                put("upstream_capacity_tokens", (upstream, signal.model), capacity.tokens_per_s)
-            put("pool_capacity_requests", model, signal.pool_requests_per_s)
-            put("pool_capacity_tokens", model, signal.pool_tokens_per_s)
-            put("demand_requests", model, signal.demand_requests_per_s)
-            put("upstreams_desired", model, signal.desired)
-            put("upstreams_serving", model, signal.upstreams)
-        for gauge_name in CAPACITY_GAUGES:
-            gauge: Gauge = getattr(metrics, gauge_name)
-            now_set = values.get(gauge_name, {})
-            for labels in self._exported.get(gauge_name, set()) - set(now_set):
-                gauge.remove(*labels)
-            for labels, value in now_set.items():
-                gauge.labels(*labels).set(value)
-            self._exported[gauge_name] = set(now_set)
 
     async def share(self) -> dict[str, Peers | None]:
         """Every upstream's exchange with the shared state at once (a slow Redis costs one timeout, not one per
@@ -409,57 +381,6 @@ class ControlLoop:
 
     def close(self) -> None:
         self.gpu_source.close()
-
-
-def hard_cap(
-    snapshot: BackendSnapshot, upstream: Upstream, planned_kv_tokens: int | None, max_seqs: int | None, now: float
-) -> int | None:
-    """The most concurrency the upstream can hold: the smallest of what is known of its scheduler's own
-    cap (llama-server's slots; vLLM's ``--max-num-seqs``, which it does not publish, so it comes from
-    ``backend_max_seqs``) and how many typical requests its KV cache holds (``capacity.kv_cap``, from
-    recent requests, the last known after an idle spell; before any has finished, from the admitted requests'
-    estimated sizes, ``kv_estimate``). Past the scheduler's cap requests only wait
-    inside the backend, where the gateway can neither order nor time them out. None when nothing is known."""
-    caps: list[int] = []
-    if snapshot.total_slots:
-        caps.append(int(snapshot.total_slots))
-    if max_seqs:
-        caps.append(max_seqs)
-    size = kv_size(snapshot, planned_kv_tokens)
-    footprint = upstream.kv_footprint(now) if size is not None else None
-    if size is not None and footprint is not None:
-        caps.append(kv_cap(size[0], size[1], footprint))
-    return min(caps) if caps else None
-
-
-def kv_size(snapshot: BackendSnapshot, planned_kv_tokens: int | None) -> tuple[int, int | None] | None:
-    """The KV cache's size in tokens and its block size: as the backend publishes it (vLLM's
-    ``cache_config_info``), else ``kv_capacity_tokens`` (no block size); None when neither is known
-    (llama-server publishes none)."""
-    if snapshot.kv_capacity_tokens:
-        return snapshot.kv_capacity_tokens, snapshot.kv_block_size
-    return (planned_kv_tokens, None) if planned_kv_tokens else None
-
-
-#: The capacity signal's gauges (attributes of GatewayMetrics), whose series _export keeps in step.
-CAPACITY_GAUGES = (
-    "upstream_capacity_requests",
-    "upstream_capacity_tokens",
-    "pool_capacity_requests",
-    "pool_capacity_tokens",
-    "demand_requests",
-    "upstreams_desired",
-    "upstreams_serving",
-)
-
-
-def serving_model(upstream: Upstream) -> str:
-    """The model an upstream counts under in the capacity signal: the first id it lists (vLLM lists its served
-    model first, LoRA adapters after it, all on the same capacity), else ``other`` while its list is unknown."""
-    for entry in upstream.models or ():
-        if isinstance(entry.get("id"), str):
-            return str(entry["id"])
-    return OTHER_MODELS
 
 
 def _set_or_absent(gauge: Gauge, label: str, value: float | None) -> None:

@@ -31,7 +31,8 @@ from collections.abc import Callable
 from gateway.control.config import StartPoint
 from gateway.control.window import SlidingWindow
 from gateway.server.admission.limiter import Limiter
-from gateway.server.feedback.control_loop import ControlLoop, serving_model
+from gateway.server.feedback.capacity_export import serving_model
+from gateway.server.feedback.control_loop import ControlLoop
 from gateway.server.parts import Gateway, bind_upstream_gauges
 from gateway.server.upstream.discovery import Change, diff, united
 from gateway.server.upstream.dns_discovery import DnsName, is_dns, parse_dns_name
