@@ -5,7 +5,7 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (stream and non-
 enabled (``SimConfig.lora``) vLLM's ``POST /v1/load_lora_adapter`` and ``POST /v1/unload_lora_adapter``, and each
 adapter is a model name of its own (:mod:`gateway.sim.lora`); and, only when built with ``admin=True``,
 ``GET|POST /admin/scenario`` to change the backend under a running client (slower, smaller KV cache, failing,
-stalled).
+stalled). Those last two kinds, the routes that change the server, are :mod:`gateway.sim.server_routes`'.
 
 A client that disconnects aborts its sequence, freeing its KV at once, as vLLM does: for streams
 Starlette cancels the response generator, for whole responses a watcher waits for the ASGI
@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +40,9 @@ from gateway.sim.protocol import (
     parse_embedding_inputs,
     parse_generation,
 )
+from gateway.sim.request_bodies import read_json, read_json_object
 from gateway.sim.runner import EngineRunner, Handle
+from gateway.sim.server_routes import add_admin_routes, add_lora_routes
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +106,7 @@ def create_sim_app(config: SimConfig) -> FastAPI:
 
     async def _generate(request: Request, chat: bool) -> Response:
         req = parse_generation(
-            await _json(request),
+            await read_json(request),
             chat=chat,
             served_model=served,
             max_model_len=profile.max_model_len,
@@ -198,7 +199,7 @@ def create_sim_app(config: SimConfig) -> FastAPI:
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:
-        inputs, fmt = parse_embedding_inputs(await _json(request), served)
+        inputs, fmt = parse_embedding_inputs(await read_json(request), served)
         data, prompt_tokens = [], 0
         for i, item in enumerate(inputs):
             vec = text.embedding(item, profile.embedding_dim)
@@ -225,7 +226,7 @@ def create_sim_app(config: SimConfig) -> FastAPI:
     @app.post("/v1/rerank")
     async def rerank(request: Request) -> Response:
         """vLLM's rerank API (a cross-encoder served with it): documents by relevance to the query."""
-        body = await _json(request)
+        body = await read_json(request)
         if not isinstance(body, dict) or not isinstance(body.get("query"), str) or not body.get("documents"):
             raise BadRequest("rerank needs a query and documents")
         check_model(body, served)
@@ -246,7 +247,7 @@ def create_sim_app(config: SimConfig) -> FastAPI:
     @app.post("/v1/score")
     async def score(request: Request) -> Response:
         """vLLM's score API: text_1 against each of text_2."""
-        body = await _json(request)
+        body = await read_json(request)
         if not isinstance(body, dict) or not isinstance(body.get("text_1"), str) or body.get("text_2") is None:
             raise BadRequest("score needs text_1 (a string) and text_2")
         check_model(body, served)
@@ -271,7 +272,7 @@ def create_sim_app(config: SimConfig) -> FastAPI:
     async def responses(request: Request) -> Response:
         """The Responses API, whole replies only (no streaming): a chat turn whose prompt also counts the
         conversation so far when ``previous_response_id`` names a response stored here, as vLLM keeps them."""
-        body = await _json_object(request)
+        body = await read_json_object(request)
         if body.get("stream"):
             raise BadRequest("the simulator's /v1/responses does not stream", param="stream")
         previous = body.get("previous_response_id")
@@ -325,7 +326,7 @@ def create_sim_app(config: SimConfig) -> FastAPI:
         return JSONResponse(shapes.models_response(served, profile.model, profile.max_model_len, created, adapters))
 
     if engine.adapters is not None:
-        _add_lora_routes(app, engine)
+        add_lora_routes(app, engine)
 
     @app.get("/health")
     async def health() -> Response:
@@ -340,39 +341,8 @@ def create_sim_app(config: SimConfig) -> FastAPI:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     if config.admin:
-        _add_admin_routes(app, engine, runner)
+        add_admin_routes(app, engine, runner)
     return app
-
-
-def _add_lora_routes(app: FastAPI, engine: Engine) -> None:
-    """vLLM's run-time adapter endpoints (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``), with its bodies, answers and
-    errors: 200 with a plain-text sentence, 400 for a missing field or a name already loaded, 404 for unloading a
-    name not loaded."""
-    adapters = engine.adapters
-    assert adapters is not None
-
-    def error(message: str, kind: str, status: int) -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
-
-    @app.post("/v1/load_lora_adapter")
-    async def load_lora_adapter(request: Request) -> Response:
-        body = await _json_object(request)
-        name, path = body.get("lora_name"), body.get("lora_path")
-        if not name or not path or not isinstance(name, str) or not isinstance(path, str):
-            return error("Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput", 400)
-        if not adapters.register(name, path):
-            return error(f"The lora adapter '{name}' has already been loaded.", "InvalidUserInput", 400)
-        return Response(f"Success: LoRA adapter '{name}' added successfully.", 200)
-
-    @app.post("/v1/unload_lora_adapter")
-    async def unload_lora_adapter(request: Request) -> Response:
-        body = await _json_object(request)
-        name = body.get("lora_name")
-        if not name or not isinstance(name, str):
-            return error("'lora_name' needs to be provided to unload a LoRA adapter.", "InvalidUserInput", 400)
-        if not adapters.unregister(name):
-            return error(f"The lora adapter '{name}' cannot be found.", "NotFoundError", 404)
-        return Response(f"Success: LoRA adapter '{name}' removed successfully.", 200)
 
 
 class _RequireApiKey:
@@ -389,72 +359,6 @@ class _RequireApiKey:
                 await JSONResponse({"error": "Unauthorized"}, 401)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
-
-
-def _add_admin_routes(app: FastAPI, engine: Engine, runner: Callable[[], EngineRunner]) -> None:
-    """Scenario knobs over HTTP. Stalls are given in wall seconds from now; the rest is unitless."""
-
-    def view() -> dict[str, Any]:
-        r: EngineRunner = runner()
-        sc = dataclasses.asdict(engine.scenario)
-        stall_left = max(0.0, r.to_wall(sc.pop("stalled_until") - r.vnow()))
-        return sc | {
-            "stall_remaining_s": stall_left,
-            "time_scale": r.time_scale,
-            "profile": engine.profile.name,
-            "kv_blocks_total": engine.total_blocks,
-            "kv_blocks_used": engine.used_blocks,
-            "kv_usage": engine.kv_usage,
-            "num_running": engine.num_running,
-            "num_waiting": engine.num_waiting,
-            "num_preemptions": engine.num_preemptions,
-            "lag_resets": r.lag_resets,
-        }
-
-    @app.get("/admin/scenario")
-    async def get_scenario() -> Response:
-        return JSONResponse(view())
-
-    @app.post("/admin/scenario")
-    async def set_scenario(request: Request) -> Response:
-        body = await _json_object(request)
-        known = {"reset", "speed_factor", "kv_fraction", "max_num_seqs", "error_rate", "error_status", "stall_s"}
-        unknown = sorted(set(body) - known)
-        if unknown:
-            raise BadRequest(f"unknown scenario knobs: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        r: EngineRunner = runner()
-        if body.get("reset"):
-            engine.reset_scenario()
-        stall = body.get("stall_s")
-        try:
-            engine.set_scenario(
-                speed_factor=body.get("speed_factor"),
-                kv_fraction=body.get("kv_fraction"),
-                max_num_seqs=body.get("max_num_seqs"),
-                error_rate=body.get("error_rate"),
-                error_status=body.get("error_status"),
-                stalled_until=None if stall is None else r.vnow() + float(stall) * r.time_scale,
-            )
-        except (TypeError, ValueError) as exc:
-            raise BadRequest(str(exc)) from None
-        r.scenario_changed()
-        return JSONResponse(view())
-
-
-async def _json(request: Request) -> Any:
-    """The request's body parsed as JSON; 400 when it is not JSON."""
-    try:
-        return await request.json()
-    except ValueError:
-        raise BadRequest("request body is not valid JSON") from None
-
-
-async def _json_object(request: Request) -> dict[str, Any]:
-    """The request's body as a JSON object; 400 when it is not JSON or not an object."""
-    body = await _json(request)
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    return body
 
 
 async def _disconnected(request: Request) -> None:
