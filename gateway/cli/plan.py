@@ -108,7 +108,8 @@ def plan(
     """Plan VRAM: weights, KV bytes per token, and max concurrent sequences per context and GPU, beside
     what vLLM will log for the same budget."""
     from gateway.plan import ModelShape, shape_from_gguf, shape_from_hf_config
-    from gateway.plan.report import DEFAULT_CONTEXTS, DEFAULT_GPUS_GB, build_report, render
+    from gateway.plan.render import render
+    from gateway.plan.report import DEFAULT_CONTEXTS, DEFAULT_GPUS_GB, build_report
     from gateway.plan.units import GIB, parse_bytes, parse_count, parse_finite, parse_int, parse_tokens, split_list
 
     def count(text: str | None, flag: str, minimum: int = 1) -> int | None:
