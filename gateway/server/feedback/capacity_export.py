@@ -36,7 +36,7 @@ class CapacitySeries:
     def __init__(self) -> None:
         self._series: dict[str, set[tuple[str, ...]]] = {}
 
-    def set(self, metrics: GatewayMetrics, signals: list[ModelSignal]) -> None:
+    def export(self, metrics: GatewayMetrics, signals: list[ModelSignal]) -> None:
         """Set each known figure; remove the series of what is not known (or no longer exists)."""
         values: dict[str, dict[tuple[str, ...], float]] = {}
 

@@ -301,7 +301,7 @@ class ControlLoop:
             )
         queued = {model: self.gateway.queue.depth_among(names) for model, names in members.items()}
         signals = self.signal.step(now, readings, queued)
-        self._capacity_series.set(self.gateway.metrics, signals)
+        self._capacity_series.export(self.gateway.metrics, signals)
         return signals
 
     async def share(self) -> dict[str, Peers | None]:
