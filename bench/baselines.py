@@ -425,9 +425,9 @@ class PhaseSchedule:
     the reference a miss of goal 1 is read against, never an alternative the goals count."""
 
     def __init__(self, schedule: Sequence[tuple[float, int]]) -> None:
-        if not schedule or any(limit < 1 for _, limit in schedule):
-            raise ValueError("a schedule needs one limit of at least 1 from its start")
         self._schedule = tuple(sorted(schedule))
+        if not self._schedule or self._schedule[0][0] > 0 or any(limit < 1 for _, limit in self._schedule):
+            raise ValueError("a schedule needs a limit of at least 1 from time 0 on")
         self._limit = self._schedule[0][1]
 
     @property

@@ -26,8 +26,8 @@ def test_a_schedule_holds_each_phases_limit_from_its_start() -> None:
     assert [d.action for _, d in seen] == [Action.HOLD, Action.HOLD, Action.DECREASE, Action.HOLD, Action.INCREASE]
 
 
-@pytest.mark.parametrize("schedule", [[], [(0.0, 0)], [(0.0, 8), (10.0, -1)]])
-def test_a_schedule_needs_a_limit_of_at_least_one_throughout(schedule: list[tuple[float, int]]) -> None:
+@pytest.mark.parametrize("schedule", [[], [(0.0, 0)], [(0.0, 8), (10.0, -1)], [(5.0, 8)]])
+def test_a_schedule_needs_a_limit_of_at_least_one_from_time_0_on(schedule: list[tuple[float, int]]) -> None:
     with pytest.raises(ValueError):
         PhaseSchedule(schedule)
 
