@@ -10,19 +10,18 @@ resend could run the generation twice. The same error on a *fresh* connection me
 request and then dropped the connection. Neither is ever resent. A refused connection
 (``ClientConnectorError``, itself a ``ClientOSError``) reached nobody and is not a stale connection.
 
-:class:`ReuseAwareConnector` tells the two apart for a request sent inside :func:`watching_reuse` (a context
-variable carries its :class:`ConnectionUse`, so nothing is added to a request's path but one check in the
-connector: aiohttp's tracing, which could tell it too, costs several awaits per request). ``resend_if_stale``
-is the loop for idempotent GETs (the health poll, the benchmark clients), which may be resent whatever
-connection they went out on.
+:class:`ReuseAwareConnector` tells the two apart for a request sent inside ``with ConnectionUse()`` (a
+context variable carries it, so nothing is added to a request's path but one check in the connector:
+aiohttp's tracing, which could tell it too, costs several awaits per request). ``resend_if_stale`` is the
+loop for idempotent GETs (the health poll, the benchmark clients), which may be resent whatever connection
+they went out on.
 """
 
 from __future__ import annotations
 
 import contextvars
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import aiohttp
@@ -37,28 +36,29 @@ STALE_WITHIN_S = 0.25
 T = TypeVar("T")
 
 
-class ConnectionUse:
-    """Whether one request went out on a kept (pooled) connection, filled in by :class:`ReuseAwareConnector`."""
-
-    __slots__ = ("reused",)
-
-    def __init__(self) -> None:
-        self.reused = False
-
-
 _CURRENT: contextvars.ContextVar[ConnectionUse | None] = contextvars.ContextVar(
     "sweetspot_connection_use", default=None
 )
 
 
-@contextmanager
-def watching_reuse(use: ConnectionUse) -> Iterator[ConnectionUse]:
-    """Requests sent inside this block (in this task) report their connection's reuse into ``use``."""
-    token = _CURRENT.set(use)
-    try:
-        yield use
-    finally:
-        _CURRENT.reset(token)
+class ConnectionUse:
+    """Whether one request went out on a kept (pooled) connection: requests sent inside ``with use:`` (in this
+    task) report their connection's reuse into it, filled in by :class:`ReuseAwareConnector`."""
+
+    __slots__ = ("_token", "reused")
+
+    def __init__(self) -> None:
+        self.reused = False
+        self._token: contextvars.Token[ConnectionUse | None] | None = None
+
+    def __enter__(self) -> ConnectionUse:
+        self._token = _CURRENT.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._token is not None
+        _CURRENT.reset(self._token)
+        self._token = None
 
 
 class ReuseAwareConnector(aiohttp.TCPConnector):
@@ -71,11 +71,13 @@ class ReuseAwareConnector(aiohttp.TCPConnector):
     async def connect(self, req: Any, traces: Any, timeout: aiohttp.ClientTimeout) -> Any:
         connection = await super().connect(req, traces, timeout)
         protocol = connection.protocol
-        use = _CURRENT.get()
-        if use is not None:
-            use.reused = protocol in self._handed_out
         if protocol is not None:
-            self._handed_out.add(protocol)
+            reused = protocol in self._handed_out
+            if not reused:  # (a WeakSet's add makes a weak reference even for a member)
+                self._handed_out.add(protocol)
+            use = _CURRENT.get()
+            if use is not None:
+                use.reused = reused
         return connection
 
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from gateway.common.resend import ConnectionUse, ReuseAwareConnector, is_stale, watching_reuse
+from gateway.common.resend import ConnectionUse, ReuseAwareConnector, is_stale
 from gateway.server.upstream.silence import SilenceBound
+from gateway.server.upstream.upstream_headers import SESSION_HEADERS
 from gateway.telemetry.metrics import GatewayMetrics
 
 STALE_RETRIES = 2  # resends of a request whose kept connection was found closed (see gateway.common.resend)
@@ -129,7 +130,7 @@ class UpstreamClient:
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4, enable_cleanup_closed=True),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 timeout=self._buffered,
-                skip_auto_headers=("User-Agent",),
+                headers=SESSION_HEADERS,
             )
         return self._poll_session
 
@@ -144,7 +145,7 @@ class UpstreamClient:
                 # One session serves every client: an upstream's cookies must not reach the next client.
                 cookie_jar=aiohttp.DummyCookieJar(),
                 timeout=self._buffered,
-                skip_auto_headers=("User-Agent",),
+                headers=SESSION_HEADERS,
             )
         return self._session
 
@@ -182,7 +183,7 @@ class UpstreamClient:
             use = ConnectionUse()
             sent_at = loop.time()
             try:
-                with watching_reuse(use):
+                with use:
                     if headers_timeout_s is None:  # aiohttp's total bound covers the head: no timer of our own
                         response = await self.session.post(url, data=body, headers=headers, timeout=timeout)
                     else:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from gateway import __version__
+
+#: Sent with every upstream request, as the sessions' own header (an upstream's logs name the gateway). A
+#: session that skips aiohttp's own User-Agent instead builds a set of skipped headers per request.
+SESSION_HEADERS = {"User-Agent": f"sweetspot/{__version__}"}
+
 
 def request_headers(
     upstream_api_key: str | None,
