@@ -14,6 +14,7 @@ import re
 import pytest
 
 from gateway.server.app import create_app
+from gateway.server.routes.table import ROUTES
 from tests.component.conftest import (
     CHAT,
     MODEL,
@@ -428,3 +429,21 @@ async def test_the_access_log_has_one_line_per_request_with_its_measurements(
     assert (one.status, one.outcome, one.upstream, one.model) == (200, "ok", upstream.url, MODEL)  # type: ignore[attr-defined]
     assert (one.prompt_tokens, one.output_tokens, one.reason) == (4, 2, None)  # type: ignore[attr-defined]
     assert (two.status, two.reason, two.upstream) == (400, "bad_request", None)  # type: ignore[attr-defined]
+
+
+async def test_a_request_is_forwarded_without_asking_its_body_for_fields_its_api_lacks(
+    stage: Stage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pydantic answers a name its model lacks in ``__getattr__``, formatting and raising an ``AttributeError``
+    (microseconds, per request): the path reads bodies with ``field_of`` (``tests/unit/test_body_fields.py``)."""
+
+    def refuse(self: object, name: str) -> None:
+        raise AssertionError(f"{type(self).__name__}.{name} was read through pydantic's __getattr__")
+
+    for route in ROUTES:
+        monkeypatch.setattr(route.schema, "__getattr__", refuse)
+    first, second = await stage.upstream(), await stage.upstream()
+    gw = await stage.gateway(first, second, routing="prefix")  # the router reads the prompt too
+    chat = await gw.call("POST", "/v1/chat/completions", json_body={"model": MODEL, "messages": CHAT, "n": 1})
+    completion = await gw.call("POST", "/v1/completions", json_body={"model": MODEL, "prompt": ["a", "b"]})
+    assert (chat.status, completion.status) == (200, 200)

@@ -13,13 +13,14 @@ from typing import Any
 
 from gateway.control.knee_search.kv_estimate import request_tokens
 from gateway.server.admission.routing import prompt_text
+from gateway.server.routes.validation import field_of
 
 
 def estimated_kv_tokens(parsed: Any) -> int | None:
     """The KV one sequence of ``parsed`` holds at its end, estimated; None for a request that holds no KV past
     its own prefill (an embedding, a rerank, a score) or whose prompt the gateway cannot read."""
     answer = _answer_limit(parsed)
-    prompt = getattr(parsed, "prompt", None)
+    prompt = field_of(parsed, "prompt")
     if isinstance(prompt, list) and prompt:
         if all(isinstance(i, int) for i in prompt):
             return request_tokens(0, answer, prompt_ids=len(prompt))
@@ -35,7 +36,7 @@ def estimated_kv_tokens(parsed: Any) -> int | None:
 
 def _answer_limit(parsed: Any) -> int | None:
     for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
-        value = getattr(parsed, name, None)
+        value = field_of(parsed, name)
         if isinstance(value, int):
             return value
     return None

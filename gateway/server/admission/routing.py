@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 
 from gateway.server.admission.admission_queue import AdmissionTarget
 from gateway.server.admission.lora_affinity import AdapterAffinity
+from gateway.server.routes.validation import field_of, has_field
 from gateway.telemetry.metrics import GatewayMetrics
 
 #: Characters per chunk: about 64 tokens of English, fine enough that a turn's new text is a few chunks, coarse
@@ -65,11 +66,11 @@ def prompt_text(body: Any) -> str | None:
     the Messages API's ``system`` first), the completion's prompt or the Responses API's input; None for
     anything else (an embedding, a rerank), whose prompt no backend caches across requests."""
     parts: list[str] = []
-    system = getattr(body, "system", None)
+    system = field_of(body, "system")
     if system is not None:
         parts.append("\x1esystem\x1f" + _content_text(system))
-    messages = getattr(body, "messages", None)
-    if messages is None and hasattr(body, "input") and hasattr(body, "previous_response_id"):
+    messages = field_of(body, "messages")
+    if messages is None and has_field(body, "input") and has_field(body, "previous_response_id"):
         given = body.input
         messages = [{"role": "user", "content": given}] if isinstance(given, str) else given
     if messages is not None:
@@ -79,7 +80,7 @@ def prompt_text(body: Any) -> str | None:
             if calls:
                 parts.append(json.dumps(calls, sort_keys=True))
         return "".join(parts)
-    prompt = getattr(body, "prompt", None)
+    prompt = field_of(body, "prompt")
     if prompt is None:
         return None
     return prompt if isinstance(prompt, str) else json.dumps(prompt)

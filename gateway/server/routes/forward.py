@@ -41,6 +41,7 @@ from gateway.server.routes.inbound import BodyRefused, RequestHeaders, read_body
 from gateway.server.routes.table import Route
 from gateway.server.routes.validation import (
     BadRequest,
+    field_of,
     model_not_found,
     parse_body,
     sequences,
@@ -181,7 +182,7 @@ class Forward:
         try:
             parsed = parse_body(self.route.schema, body)
             priority = self._priority(tenant)
-            n = getattr(parsed, "n", None)
+            n = field_of(parsed, "n")
             if n is not None and n > settings.max_n:
                 raise BadRequest(f"n: at most {settings.max_n} choices per request", param="n")
         except BadRequest as exc:
@@ -204,12 +205,12 @@ class Forward:
                 "per request: ask for fewer choices or send fewer prompts per request",
                 "too_many_sequences",
                 code="invalid_request",
-                param="n" if getattr(parsed, "n", None) else "prompt",
+                param="n" if field_of(parsed, "n") else "prompt",
             )
         self.tracker.requested_model = model
         self.tracker.served_model = resolved.served
         self.tracker.model = resolved.label  # a bounded label value from here on
-        previous = getattr(parsed, "previous_response_id", None)
+        previous = field_of(parsed, "previous_response_id")
         if previous is not None:
             # A conversation continues where its state is: the upstream that created the previous response.
             # With client keys only its own tenant may continue it; any other id does not exist for this one.
@@ -228,7 +229,7 @@ class Forward:
         if gateway.router is not None and len(eligible) > 1:
             adapter = resolved.served if gateway.pool.is_adapter(resolved.served) else None
             hint = gateway.router.hint(parsed, adapter)
-        stream = bool(getattr(parsed, "stream", False)) and self.route.streams
+        stream = bool(field_of(parsed, "stream")) and self.route.streams
         if resolved.served != model:  # an alias or the default: the served name goes upstream
             body = with_model(body, resolved.served)
         forward_usage = True

@@ -49,12 +49,32 @@ class CompletionRequest(_Common):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
 
+def field_of(parsed: object, name: str) -> Any:
+    """The field ``name`` of a parsed request body, or None where its API has no such field.
+
+    Not ``getattr(parsed, name, None)``: pydantic answers a name its model lacks in ``__getattr__``, which
+    formats and raises an ``AttributeError`` (about 4 us, against 0.1 for a field), and a request's path asks
+    each body for fields that only other APIs have (a chat request's ``prompt``, ``previous_response_id``).
+    Anything that is not a pydantic model is read with ``getattr``."""
+    fields = getattr(type(parsed), "__pydantic_fields__", None)
+    if fields is None:
+        return getattr(parsed, name, None)
+    return getattr(parsed, name) if name in fields else None
+
+
+def has_field(parsed: object, name: str) -> bool:
+    """Whether a parsed request body's API has the field ``name`` (``hasattr``, without the cost
+    :func:`field_of` avoids)."""
+    fields = getattr(type(parsed), "__pydantic_fields__", None)
+    return hasattr(parsed, name) if fields is None else name in fields
+
+
 def sequences(parsed: BaseModel) -> int:
     """How many sequences a request makes the backend run at once: ``n`` answers to each of its prompts (a
     completions ``prompt`` list is a batch). Each is a slot of the backend's batch and of its KV cache, so
     each holds a slot of the limit. Embeddings and the other routes run one."""
-    n = getattr(parsed, "n", None) or 1
-    prompt = getattr(parsed, "prompt", None)
+    n = field_of(parsed, "n") or 1
+    prompt = field_of(parsed, "prompt")
     prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
     return n * prompts
 
