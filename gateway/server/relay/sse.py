@@ -3,9 +3,10 @@ kept, and the usage-only chunk dropped when the client did not ask for it (see :
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
+
+import msgspec
 
 from gateway.server.relay.measure import RequestTracker
 
@@ -198,7 +199,7 @@ class SSEFilter:
         if not self._seen_usage and self._last_counted is not None:
             # No usage came: take back the estimate for a last event that carried no token.
             chunk = _parse(self._last_json_event(self._last_counted))
-            if chunk is not None and not _has_token(chunk.get("choices") or []):
+            if chunk is not None and not _has_token(chunk.choices or []):
                 self._tracker.tokens(-1, self._clock())
         rest = self._rest.take()
         return rest if rest.strip() else b""
@@ -228,15 +229,15 @@ class SSEFilter:
             if event[5:].strip() == b"[DONE]":
                 self.finished = True
             return True
-        if "error" in chunk:  # OpenAI's and llama-server's shape
-            error = chunk["error"]
+        error = chunk.error
+        if error is not msgspec.UNSET:  # OpenAI's and llama-server's shape
             self.upstream_error = error.get("message") if isinstance(error, dict) else str(error)
             return True
-        if chunk.get("object") == "error":  # vLLM's ErrorResponse, flat
-            self.upstream_error = str(chunk.get("message"))
+        if chunk.object == "error":  # vLLM's ErrorResponse, flat
+            self.upstream_error = str(chunk.message)
             return True
-        choices = chunk.get("choices")
-        usage = chunk.get("usage")
+        choices = chunk.choices
+        usage = chunk.usage
         if isinstance(usage, dict):
             self._seen_usage = True
             self._tracker.usage(usage)
@@ -249,10 +250,23 @@ class SSEFilter:
         return self._forward_usage or not isinstance(usage, dict)
 
 
-def _parse(event: bytes) -> dict | None:
+class _Chunk(msgspec.Struct):
+    """The fields of a ``data:`` event the filter reads; the rest (ids, the model, llama-server's timings) is
+    skipped as the decoder scans, never built."""
+
+    choices: Any = None
+    usage: Any = None
+    error: Any = msgspec.UNSET  # present, even as null, means an error event
+    object: Any = None
+    message: Any = None
+
+
+_DECODER = msgspec.json.Decoder(_Chunk)
+
+
+def _parse(event: bytes) -> _Chunk | None:
     """The JSON object of a ``data:`` event, or None for anything else (``[DONE]``, text, arrays)."""
     try:
-        chunk = json.loads(event[5:])
-    except ValueError:
+        return _DECODER.decode(event[5:])
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    return chunk if isinstance(chunk, dict) else None
