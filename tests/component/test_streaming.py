@@ -18,6 +18,7 @@ from tests.component.conftest import (
     MODEL,
     ROLE,
     STOP,
+    Behaviour,
     Gate,
     Stage,
     sse,
@@ -268,6 +269,40 @@ async def test_the_first_token_deadline_is_lifted_once_a_token_came(stage: Stage
     gate.open()
     await exchange.done()
     assert exchange.body == ROLE + token("a") + token("b") + DONE
+
+
+def after(gate: Gate, behaviour: Behaviour) -> Behaviour:
+    """``behaviour``, begun (its head sent) only once ``gate`` opens."""
+
+    async def answer(request, seen, upstream):  # type: ignore[no-untyped-def]
+        await gate.wait()
+        return await behaviour(request, seen, upstream)
+
+    return answer
+
+
+async def test_one_deadline_covers_the_head_and_the_first_token(stage: Stage) -> None:
+    """The head and the first token are due within first_token_timeout_s together, under one timer: a head in
+    time and a first token that comes after the deadline counts the time the head took."""
+    upstream = await stage.upstream()
+    head, first = Gate(), Gate()
+    upstream.then(after(head, stream(ROLE, first, token("late"), DONE)))
+    gw = await stage.gateway(upstream, first_token_timeout_s=0.3)
+    exchange = gw.chat(stream=True)
+    await upstream.received_count(1)
+    await asyncio.sleep(0.15)
+    head.open()  # within the deadline
+    await asyncio.sleep(0.25)  # past it, counted from before the head (not past 0.3 s from the head)
+    first.open()
+    await exchange.done()
+    assert b'"late"' not in exchange.body
+    if exchange.status == 200:  # the head came in time (on a slow machine it may not have: a 504 then)
+        assert exchange.body.startswith(ROLE)
+        assert error_event_of(exchange)["code"] == "upstream_timeout"
+    else:
+        assert exchange.status == 504 and exchange.error()["code"] == "upstream_timeout"
+    assert gw.outcomes(upstream) == {"timed_out": 1}
+    gw.assert_settled()
 
 
 async def test_a_stream_that_goes_silent_ends_with_an_error_event(stage: Stage) -> None:

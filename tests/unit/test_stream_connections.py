@@ -7,6 +7,7 @@ gateway builds for them.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -57,9 +58,10 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Rec
 async def stream_once(gateway: Gateway, url: str) -> bytes:
     upstream = gateway.pool.by_name[url]
     headers = request_headers(None, None, "req-1", stream=True, keep_alive=upstream.streams_keep_alive)
-    reply = await gateway.client.send(
-        url, "/v1/chat/completions", b'{"stream":true}', headers, name="upstream-1", stream=True, headers_timeout_s=10
-    )
+    async with asyncio.timeout(10):  # a stream's head has no bound of the client's own: its caller's
+        reply = await gateway.client.send(
+            url, "/v1/chat/completions", b'{"stream":true}', headers, name="upstream-1", stream=True
+        )
     try:
         return await reply.response.read()
     finally:

@@ -26,7 +26,8 @@ class ProxyStreamResponse(Response):
 
     The request's :class:`RequestWatch` may cancel this task: for a client hang-up (the request ends
     quietly), for the drain deadline (an error event saying the gateway is shutting down), or because no
-    first token came by ``first_token_deadline`` (loop time; an error event saying the upstream timed out).
+    first token came in time (``overdue``, the timer armed before the request went upstream, which bounded
+    its head too and is cancelled here at the first token; an error event saying the upstream timed out).
     From the first token on, a silence longer than ``stream_idle_timeout_s`` ends the stream with an error
     event too (:meth:`UpstreamReply.bound_silence`). Those are a stream's only bounds in time: one that keeps
     producing may run past ``upstream_timeout_s``, which bounds whole answers. An event that grows past its
@@ -41,7 +42,7 @@ class ProxyStreamResponse(Response):
         request_id: str,
         queue_seconds: float,
         watch: RequestWatch,
-        first_token_deadline: float,
+        overdue: asyncio.TimerHandle,
         on_done: Callable[[Outcome], None],
         error_event: Callable[[str, str, int], bytes],
     ) -> None:
@@ -58,7 +59,7 @@ class ProxyStreamResponse(Response):
         self._reply = reply
         self._sse = sse
         self._watch = watch
-        self._first_token_deadline = first_token_deadline
+        self._overdue = overdue
         self._on_done = on_done
         self._error_event = error_event  # (message, code, status) -> an error event in the client's API
         self._started = False
@@ -102,9 +103,7 @@ class ProxyStreamResponse(Response):
             pass
 
     async def _pump(self, send: Send) -> Outcome:
-        overdue: asyncio.TimerHandle | None = asyncio.get_running_loop().call_at(
-            self._first_token_deadline, self._watch.stop, Stop.FIRST_TOKEN_TIMEOUT
-        )
+        overdue: asyncio.TimerHandle | None = self._overdue
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         self._started = True
         sse = self._sse

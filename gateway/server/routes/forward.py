@@ -31,7 +31,7 @@ from gateway.server.process.drain import shutting_down
 from gateway.server.process.logs import access_enabled, log_access
 from gateway.server.relay.event_streams import NamedEventFilter
 from gateway.server.relay.measure import RequestTracker
-from gateway.server.relay.request_watch import ClientGone, RequestWatch, ServerShutdown
+from gateway.server.relay.request_watch import ClientGone, FirstTokenTimeout, RequestWatch, ServerShutdown, Stop
 from gateway.server.relay.sse import SSEFilter, StreamWatcher
 from gateway.server.relay.streaming import ProxyStreamResponse
 from gateway.server.relay.whole_answer import AnswerTooLarge, answer_head, read_capped
@@ -335,67 +335,76 @@ class Forward:
         authorization = None if own_keys else self.headers.authorization
         api_key = None if own_keys else self.headers.api_key
         gateway.metrics.overhead.observe(max(gateway.clock() - self.tracker.arrived - self.tracker.queue_wait, 0.0))
-        # A stream's headers come before its first token: both are due within first_token_timeout_s of now
-        # (a failover's too), and nothing else bounds a stream until its first token.
-        loop = asyncio.get_running_loop()
-        first_token_deadline = loop.time() + settings.first_token_timeout_s
-        failed_over = False
-        while True:
-            upstream = permit.target
-            # A whole answer's head is bounded with its body, by upstream_timeout_s (aiohttp's total timeout).
-            headers_timeout = max(first_token_deadline - loop.time(), 0.0) if stream else None
-            headers = request_headers(
-                settings.upstream_api_key,
-                authorization,
-                self.request_id,
-                stream=stream,
-                keep_alive=upstream.streams_keep_alive,
-                api=self.headers.api,
-                api_key=api_key,
+        # A stream's headers come before its first token: both are due within first_token_timeout_s of now (a
+        # failover's too), under one timer, which the stream's response takes over and cancels at the first
+        # token; nothing else bounds a stream until then. A whole answer's head is bounded with its body, by
+        # upstream_timeout_s (aiohttp's total timeout).
+        overdue: asyncio.TimerHandle | None = None
+        if stream:
+            overdue = asyncio.get_running_loop().call_later(
+                settings.first_token_timeout_s, watch.stop, Stop.FIRST_TOKEN_TIMEOUT
             )
-            self.tracker.switch(upstream)
-            try:
-                reply = await watch.guard(
-                    gateway.client.send(
-                        upstream.url,
-                        self.route.path,
-                        body,
-                        headers,
-                        name=upstream.public_name,
-                        stream=stream,
-                        headers_timeout_s=headers_timeout,
-                    )
+        failed_over = False
+        try:
+            while True:
+                upstream = permit.target
+                headers = request_headers(
+                    settings.upstream_api_key,
+                    authorization,
+                    self.request_id,
+                    stream=stream,
+                    keep_alive=upstream.streams_keep_alive,
+                    api=self.headers.api,
+                    api_key=api_key,
                 )
-            except ClientGone:
-                self._release(permit, Outcome.CLIENT_CANCELLED)
-                raise
-            except ServerShutdown:
-                self._release(permit, Outcome.SHUT_DOWN)
-                raise
-            except UpstreamFailed as exc:
-                if exc.connect_failed:
-                    upstream.mark_down(str(exc))  # the health poll brings it back
-                if exc.model_missing:
-                    refresh_models(gateway, upstream)  # its list is stale: the next request goes where it is listed
-                alternative = None
-                if exc.not_processed and not failed_over:
-                    others = [name for name in eligible if name != upstream.name]
-                    alternative = gateway.queue.try_acquire(others, permit.tenant, permit.slots) if others else None
-                if alternative is not None:
-                    gateway.metrics.upstream_retries.labels(upstream.name, "failover").inc()
-                    attempt = Outcome.CLIENT_ERROR if exc.model_missing else Outcome.UPSTREAM_ERROR
-                    gateway.queue.release(permit, self.tracker.failed_attempt(gateway.metrics, attempt))
-                    permit = self.permit = alternative
-                    failed_over = True
-                    continue
-                outcome = Outcome.CLIENT_ERROR if exc.model_missing else Outcome.UPSTREAM_ERROR
-                return self._finish(permit, outcome, self._upstream_failure(exc))
-            except UpstreamTimeout as exc:
-                log.warning("request %s: %s (%s)", self.request_id, exc, upstream.url)
-                return self._finish(permit, Outcome.TIMED_OUT, self._timeout_response(upstream))
-            if stream and reply.status == 200:
-                return self._stream(permit, reply, forward_usage, watch, first_token_deadline)
-            return await self._buffered(permit, reply, watch)
+                self.tracker.switch(upstream)
+                try:
+                    reply = await watch.guard(
+                        gateway.client.send(
+                            upstream.url, self.route.path, body, headers, name=upstream.public_name, stream=stream
+                        )
+                    )
+                except FirstTokenTimeout:
+                    log.warning("request %s: no answer from %s in time", self.request_id, upstream.url)
+                    return self._finish(permit, Outcome.TIMED_OUT, self._timeout_response(upstream))
+                except ClientGone:
+                    self._release(permit, Outcome.CLIENT_CANCELLED)
+                    raise
+                except ServerShutdown:
+                    self._release(permit, Outcome.SHUT_DOWN)
+                    raise
+                except UpstreamFailed as exc:
+                    if exc.connect_failed:
+                        upstream.mark_down(str(exc))  # the health poll brings it back
+                    if exc.model_missing:
+                        refresh_models(gateway, upstream)  # its list is stale: the next request goes where it is listed
+                    alternative = None
+                    if exc.not_processed and not failed_over:
+                        others = [name for name in eligible if name != upstream.name]
+                        alternative = gateway.queue.try_acquire(others, permit.tenant, permit.slots) if others else None
+                    if alternative is not None:
+                        gateway.metrics.upstream_retries.labels(upstream.name, "failover").inc()
+                        attempt = Outcome.CLIENT_ERROR if exc.model_missing else Outcome.UPSTREAM_ERROR
+                        gateway.queue.release(permit, self.tracker.failed_attempt(gateway.metrics, attempt))
+                        permit = self.permit = alternative
+                        failed_over = True
+                        continue
+                    outcome = Outcome.CLIENT_ERROR if exc.model_missing else Outcome.UPSTREAM_ERROR
+                    return self._finish(permit, outcome, self._upstream_failure(exc))
+                except UpstreamTimeout as exc:
+                    log.warning("request %s: %s (%s)", self.request_id, exc, upstream.url)
+                    return self._finish(permit, Outcome.TIMED_OUT, self._timeout_response(upstream))
+                if overdue is not None and reply.status == 200:
+                    response = self._stream(permit, reply, forward_usage, watch, overdue)
+                    overdue = None  # the stream's now
+                    return response
+                if overdue is not None:
+                    overdue.cancel()  # an error's body, read under the silence bound
+                    overdue = None
+                return await self._buffered(permit, reply, watch)
+        finally:
+            if overdue is not None:
+                overdue.cancel()
 
     def _timeout_response(self, upstream: Upstream) -> Response:
         return error_response(
@@ -431,7 +440,7 @@ class Forward:
         reply: UpstreamReply,
         forward_usage: bool,
         watch: RequestWatch,
-        first_token_deadline: float,
+        overdue: asyncio.TimerHandle,
     ) -> Response:
         route, clock = self.route, self.gateway.clock
         # One event is part of an answer: never more than a whole answer may be (max_response_bytes).
@@ -461,7 +470,7 @@ class Forward:
             request_id=self.shown_request_id,
             queue_seconds=self.tracker.queue_wait,
             watch=watch,
-            first_token_deadline=first_token_deadline,
+            overdue=overdue,
             on_done=done,
             error_event=error_event,
         )

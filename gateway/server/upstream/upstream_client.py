@@ -103,9 +103,9 @@ class UpstreamClient:
     """One pooled aiohttp session for all upstream traffic.
 
     ``total_timeout_s`` bounds a whole request that is not streamed. A stream has no total bound: it may run
-    as long as it keeps producing. Its headers are bounded by the caller's ``headers_timeout_s`` (the
-    first-token bound), its first token by the caller, and from then on it ends when the upstream is silent
-    for ``stream_idle_timeout_s`` between two reads (:meth:`UpstreamReply.bound_silence`)."""
+    as long as it keeps producing. Its headers and first token are bounded by the caller (one first-token
+    deadline for both), and from then on it ends when the upstream is silent for ``stream_idle_timeout_s``
+    between two reads (:meth:`UpstreamReply.bound_silence`)."""
 
     def __init__(
         self, *, connect_timeout_s: float, total_timeout_s: float, stream_idle_timeout_s: float, metrics: GatewayMetrics
@@ -164,18 +164,18 @@ class UpstreamClient:
         *,
         name: str,
         stream: bool,
-        headers_timeout_s: float | None = None,
     ) -> UpstreamReply:
-        """POST and wait for the status line: at most ``headers_timeout_s`` when given (a stream's, whose body has
-        no total bound), else within the whole request's ``total_timeout_s``. ``name`` is how the upstream is
-        called in messages a client may read (never its URL). A streamed reply's body has no bound on silence
-        until the caller arms it (:meth:`UpstreamReply.bound_silence`, at the first token), unless its status
-        is not 200 (an error's body: armed at once).
+        """POST and wait for the status line: a whole answer's within its ``total_timeout_s`` (aiohttp's total
+        bound, which goes on to cover its body). A stream has no bound here: its caller holds one deadline for
+        the head and the first token (``first_token_timeout_s``, the request's watch), one timer for both.
+        ``name`` is how the upstream is called in messages a client may read (never its URL). A streamed reply's
+        body has no bound on silence until the caller arms it (:meth:`UpstreamReply.bound_silence`, at the first
+        token), unless its status is not 200 (an error's body: armed at once).
 
         Raises :class:`UpstreamFailed` when the answer never began, was a 5xx/429 (its ``not_processed`` says
         whether another upstream may be tried) or a 404 saying the model does not exist (``model_missing``: not
-        run, so another upstream may take it), :class:`UpstreamTimeout` when it did not begin in time.
-        A kept connection found closed is sent again, up to :data:`STALE_RETRIES` times."""
+        run, so another upstream may take it), :class:`UpstreamTimeout` when a whole answer did not begin in
+        time. A kept connection found closed is sent again, up to :data:`STALE_RETRIES` times."""
         url = base_url + path
         timeout = self._streamed if stream else self._buffered
         loop = asyncio.get_running_loop()
@@ -184,11 +184,7 @@ class UpstreamClient:
             sent_at = loop.time()
             try:
                 with use:
-                    if headers_timeout_s is None:  # aiohttp's total bound covers the head: no timer of our own
-                        response = await self.session.post(url, data=body, headers=headers, timeout=timeout)
-                    else:
-                        async with asyncio.timeout(headers_timeout_s):
-                            response = await self.session.post(url, data=body, headers=headers, timeout=timeout)
+                    response = await self.session.post(url, data=body, headers=headers, timeout=timeout)
                 break
             except aiohttp.ClientConnectorError as exc:
                 raise UpstreamFailed(
@@ -201,8 +197,7 @@ class UpstreamClient:
                     connect_failed=True,
                 ) from exc
             except TimeoutError as exc:
-                bound_s = self._total_timeout_s if headers_timeout_s is None else headers_timeout_s
-                raise UpstreamTimeout(f"{name} did not answer within {bound_s:g} s") from exc
+                raise UpstreamTimeout(f"{name} did not answer within {self._total_timeout_s:g} s") from exc
             except aiohttp.ClientError as exc:
                 if is_stale(exc, use, loop.time() - sent_at):
                     if tried < STALE_RETRIES:
