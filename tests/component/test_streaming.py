@@ -12,6 +12,7 @@ import json
 import re
 
 import pytest
+from aiohttp import web
 
 from tests.component.conftest import (
     DONE,
@@ -19,7 +20,9 @@ from tests.component.conftest import (
     ROLE,
     STOP,
     Behaviour,
+    FakeUpstream,
     Gate,
+    Seen,
     Stage,
     sse,
     stream,
@@ -274,7 +277,7 @@ async def test_the_first_token_deadline_is_lifted_once_a_token_came(stage: Stage
 def after(gate: Gate, behaviour: Behaviour) -> Behaviour:
     """``behaviour``, begun (its head sent) only once ``gate`` opens."""
 
-    async def answer(request, seen, upstream):  # type: ignore[no-untyped-def]
+    async def answer(request: web.Request, seen: Seen, upstream: FakeUpstream) -> web.StreamResponse:
         await gate.wait()
         return await behaviour(request, seen, upstream)
 
@@ -282,8 +285,8 @@ def after(gate: Gate, behaviour: Behaviour) -> Behaviour:
 
 
 async def test_one_deadline_covers_the_head_and_the_first_token(stage: Stage) -> None:
-    """The head and the first token are due within first_token_timeout_s together, under one timer: a head in
-    time and a first token that comes after the deadline counts the time the head took."""
+    """The head and the first token are due together within first_token_timeout_s of the request going
+    upstream, under one timer: a first token within that time of the head, but past the deadline, is late."""
     upstream = await stage.upstream()
     head, first = Gate(), Gate()
     upstream.then(after(head, stream(ROLE, first, token("late"), DONE)))
