@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import msgspec
+from starlette.responses import Response
 
 #: Bytes read from the upstream at a time while a whole answer is collected.
 READ_CHUNK = 256 * 1024
@@ -51,3 +52,20 @@ def answer_head(payload: bytes) -> dict[str, Any] | None:
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     return {"id": head.id, "usage": head.usage}
+
+
+def whole_answer(payload: bytes, status: int, content_type: str) -> Response:
+    """The client's response for an upstream's whole answer: its bytes, status and content type.
+
+    Built with its header list in place rather than through ``Response.__init__``, which renders the body and
+    looks up, encodes and sorts out the headers generically (about 1.6 us against 0.4 us, on every answer); the
+    result is the same response."""
+    response = Response.__new__(Response)
+    response.status_code = status
+    response.background = None
+    response.body = payload
+    response.raw_headers = [
+        (b"content-length", str(len(payload)).encode()),
+        (b"content-type", content_type.encode("latin-1")),
+    ]
+    return response

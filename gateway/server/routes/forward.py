@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope
 
 from gateway.common.connection_loss import connection_loss
-from gateway.common.headers import QUEUE_HEADER, queue_header_value
+from gateway.common.headers import QUEUE_HEADER_BYTES, put_header, queue_header_value
 from gateway.control.window import Outcome
 from gateway.server.admission.admission_queue import Permit
 from gateway.server.admission.prompt_size import estimated_kv_tokens
@@ -34,7 +34,7 @@ from gateway.server.relay.measure import RequestTracker
 from gateway.server.relay.request_watch import ClientGone, FirstTokenTimeout, RequestWatch, ServerShutdown, Stop
 from gateway.server.relay.sse import SSEFilter, StreamWatcher
 from gateway.server.relay.streaming import ProxyStreamResponse
-from gateway.server.relay.whole_answer import AnswerTooLarge, answer_head, read_capped
+from gateway.server.relay.whole_answer import AnswerTooLarge, answer_head, read_capped, whole_answer
 from gateway.server.routes.auth import UNAUTHORIZED
 from gateway.server.routes.errors import error_response, sse_error_event
 from gateway.server.routes.inbound import BodyRefused, RequestHeaders, read_body
@@ -94,9 +94,9 @@ class Forward:
     def _answer(self, response: Response) -> Response:
         streams = isinstance(response, ProxyStreamResponse)
         if not streams:  # a stream is built with them, and logged when it ends
-            response.headers["x-request-id"] = self.shown_request_id
+            put_header(response, b"x-request-id", self.shown_request_id)
             if self.permit is not None:
-                response.headers[QUEUE_HEADER] = queue_header_value(self.tracker.queue_wait)
+                put_header(response, QUEUE_HEADER_BYTES, queue_header_value(self.tracker.queue_wait))
             self._log_access(response.status_code)
         metrics = self.gateway.metrics
         metrics.child(metrics.requests, self.route.path, str(response.status_code), self.tracker.model).inc()
@@ -525,7 +525,7 @@ class Forward:
                 if self.route.remembers_responses and isinstance(head["id"], str):
                     self.gateway.responses.remember(head["id"], permit.target.name, self.tenant)
         content_type = reply.response.headers.get("content-type", "application/json")
-        return self._finish(permit, outcome, Response(payload, status_code=status, media_type=content_type))
+        return self._finish(permit, outcome, whole_answer(payload, status, content_type))
 
     def _release(self, permit: Permit[Upstream], outcome: Outcome) -> None:
         gateway = self.gateway

@@ -197,13 +197,32 @@ class UpstreamPool:
         alias, no default) costs one dict lookup more than the model check itself."""
         served = self.aliases.get(model)
         if served is None:
-            default = self.default_model
-            if default is None or self.listed(model):
-                eligible = self.eligible(model)
-                return Resolved(model, eligible, self.model_label(model)) if eligible else self._any_name(model)
-            served = default
-        eligible = self.eligible(served)
-        return Resolved(served, eligible, self.model_label(served)) if eligible else self._any_name(served)
+            eligible, listed = self._serving(model)
+            if self.default_model is not None and not listed:
+                served = self.default_model
+                eligible, listed = self._serving(served)
+            else:
+                served = model
+        else:
+            eligible, listed = self._serving(served)
+        if not eligible:
+            return self._any_name(served)
+        return Resolved(served, eligible, served if listed else OTHER_MODELS)
+
+    def _serving(self, model: str) -> tuple[list[str], bool]:
+        """:meth:`eligible` and :meth:`listed` for ``model`` in one pass over the upstreams (every request
+        asks both)."""
+        eligible: list[str] = []
+        listed = False
+        for upstream in self.upstreams:
+            if upstream.retiring:
+                continue
+            if upstream.lists(model):
+                listed = True
+                eligible.append(upstream.name)
+            elif upstream.models is None:
+                eligible.append(upstream.name)
+        return eligible, listed
 
     def _any_name(self, served: str) -> Resolved:
         """A name no upstream lists, for the upstreams that answer any name, when they serve one model between
@@ -300,10 +319,11 @@ class UpstreamPool:
         """The most sequences one request may run on any of ``eligible``: ``max_request_sequences``, and never
         more than an upstream's limit could ever be (its static limit without the controller; ``limit_max``
         and ``backend_max_seqs`` with it), so a request that could never be admitted is told so at once."""
-        ceiling = settings.limit_max
-        if settings.backend_max_seqs:
-            ceiling = min(ceiling, settings.backend_max_seqs)
-        widest = max(
-            (self.by_name[name].limiter.limit if not settings.control_enabled else ceiling) for name in eligible
-        )
+        if settings.control_enabled:
+            widest = settings.limit_max
+            if settings.backend_max_seqs:
+                widest = min(widest, settings.backend_max_seqs)
+        else:
+            by_name = self.by_name
+            widest = max(by_name[name].limiter.limit for name in eligible)
         return min(settings.max_request_sequences, widest)
