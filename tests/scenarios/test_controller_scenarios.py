@@ -107,15 +107,14 @@ def test_without_shared_state_two_replicas_sum_above_the_band() -> None:
     assert any("outside the band" in failure for failure in result.failures)
 
 
-def matrix_steady_overload(name: str, kind: str = "steady_overload") -> tuple[list[PhaseResult], Run]:
-    """The controller at its defaults through one matrix deployment's steady overload, or another of its
-    scenarios (``kind``; bench.baselines)."""
+def matrix_steady_overload(name: str) -> tuple[list[PhaseResult], Run]:
+    """The controller at its defaults through one matrix deployment's steady overload (bench.baselines)."""
     from bench.baselines import Run, deployment
 
     chosen = deployment(name)
-    scenario = next(s for s in chosen.scenarios() if s.name.endswith(f".{kind}"))
-    phases = run(scenario, chosen.config())
-    return phases, Run("controller", scenario.name, phases)
+    overload = next(s for s in chosen.scenarios() if s.name.endswith(".steady_overload"))
+    phases = run(overload, chosen.config())
+    return phases, Run("controller", overload.name, phases)
 
 
 def test_long_prompts_meet_the_kv_cap_before_any_request_has_finished() -> None:
@@ -140,17 +139,3 @@ def test_a_prefill_dip_in_slow_start_does_not_set_the_knee() -> None:
     phases, outcome = matrix_steady_overload("8b-awq-16gb-chat")
     assert outcome.best_static_ratio is not None and outcome.best_static_ratio >= 0.9, describe(phases[0])
     assert min(limit for t, limit in phases[0].limits[0] if t > 30.0) >= 32  # never back under the base
-
-
-def test_a_slower_backend_is_cut_to_its_tpot_objective_before_its_answers_end() -> None:
-    """The matrix's AWQ deployment (issue 38) running 2x slower for 150 s: its goodput ends at a TPOT cliff
-    (best static 59 at full speed, 27 at half), and the answers admitted before the slowdown take a minute or
-    two to end, so a cut judged on finished requests came after the slow phase (it read 0.0, the cell 0.74). The
-    throughput readings show the slowdown within seconds; the last p99 TPOT judged, over the new speed, puts the
-    limit under the cliff then, and the slow phase keeps most of its goodput."""
-    phases, outcome = matrix_steady_overload("8b-awq-16gb-chat", "backend_slowdown")
-    slower = phases[1]  # normal, 2x slower, recovered
-    cut = next(limit for t, limit in slower.limits[0] if t >= slower.start + 30.0)
-    assert cut <= 27, describe(slower)  # under the cliff 30 s into the slow phase
-    assert slower.goodput_ratio is not None and slower.goodput_ratio >= 0.7, describe(slower)
-    assert outcome.best_static_ratio is not None and outcome.best_static_ratio >= 0.85, describe(slower)

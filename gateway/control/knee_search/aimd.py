@@ -171,9 +171,6 @@ class Aimd:
             # The same limit now gives a different throughput: the backend got slower or faster, or
             # the mix changed. The curve's shape, and so the knee, is kept until readings say otherwise.
             self._detail["curve_rescaled"] = True
-            slower = self._slower(obs, lo)
-            if slower is not None:
-                return slower
             # Re-measure the top soon (when cruising): the old readings only stand in for it.
             self._reprobe.rescaled(cruising=self._phase == Phase.CRUISE)
         if self._probe is not None:
@@ -452,29 +449,6 @@ class Aimd:
             found = self._curve.knee(self.config.knee_fraction)
             return self._cruise(obs, lo, hi, probed=found is not None and found[1])
         return self._climb(obs, lo, hi) if paid_off else self._cruise(obs, lo, hi, probed=True)
-
-    def _slower(self, obs: Observation, lo: int) -> Decision | None:
-        """The curve just rescaled down: every stream runs at that fraction of its rate. Where the p99 TPOT
-        judged before, over that fraction, is over the objective, the limit goes at once to where it is
-        within it (TPOT read as proportional to the streams running, at the new speed), instead of an
-        answer's life later, when the answers running now have ended over it."""
-        factor = self._curve.rescaled_by
-        slo = self.config.tpot_p99_slo_s
-        if factor is None or factor >= 1 or slo is None:
-            return None
-        predicted = self._tpot.after_slowdown(factor)
-        if predicted is None or predicted <= slo:
-            return None
-        self._detail["predicted_tpot_p99"] = round(predicted, 4)
-        target = max(lo, int(self._limit * slo / predicted))
-        if target >= self._limit:
-            return None
-        self._probe = None
-        self._set_ceiling(obs.now, self._limit - 1)
-        self._curve.forget_above(target)
-        self._phase = Phase.CRUISE
-        self._ssthresh = None
-        return self._change(obs, target, Reason.TPOT, Action.DECREASE)
 
     def _blocked(self, obs: Observation, reason: Reason) -> Decision:
         """A step up ran into a headroom signal before it could be measured: undo it, and do not

@@ -37,7 +37,6 @@ class Curve:
         self.shift = shift  # relative deviation from expectation that means "the world changed"
         self.points: dict[int, Point] = {}
         self._deviation = 0  # consecutive deviating settled readings, signed by direction
-        self.rescaled_by: float | None = None  # the factor of the last rescale: the new rate over the expected
         self._normal_at = -math.inf  # when the last settled reading the curve expected started
 
     def _expected(self, limit: int) -> tuple[float, float, float] | None:
@@ -83,7 +82,7 @@ class Curve:
                 # finishing): they give the factor, and the curve, this limit's point included, is
                 # measured again from here on. First readings since the last expected one may have
                 # seen either world, so they are dropped rather than scaled.
-                factor = self.rescaled_by = rate / expected[1]
+                factor = rate / expected[1]
                 self.points = {key: p for key, p in self.points.items() if p.settled or p.at <= self._normal_at}
                 self.rescale(factor, before=now + 1)
                 self._deviation = 0
