@@ -205,7 +205,7 @@ class Forward:
                 "per request: ask for fewer choices or send fewer prompts per request",
                 "too_many_sequences",
                 code="invalid_request",
-                param="n" if field_of(parsed, "n") else "prompt",
+                param="n" if n else "prompt",
             )
         self.tracker.requested_model = model
         self.tracker.served_model = resolved.served

@@ -131,11 +131,6 @@ class Upstream:
         if self.timeouts_in_a_row >= timeouts_to_down and self.healthy:
             self.mark_down(f"{self.timeouts_in_a_row} requests in a row timed out", until=now + hold_s)
 
-    def serves(self, model: str) -> bool:
-        """Unknown model lists serve everything: never refuse on missing information. A retiring upstream
-        serves nothing new."""
-        return not self.retiring and (self.models is None or self.lists(model))
-
     @property
     def takes_any_name(self) -> bool:
         """Whether it may run a request for a name no upstream lists: llama-server serving one model (a
@@ -174,7 +169,10 @@ class Resolved(NamedTuple):
 
     served: str  # the name that goes upstream (the client's own unless an alias or the default applied)
     eligible: list[str]  # the upstreams that may run it; empty: nobody serves it (a 404)
-    label: str  # the metrics' ``model`` label: the served name, bounded (:meth:`UpstreamPool.model_label`)
+    # The metrics' ``model`` label: the served name when an upstream lists it, else OTHER_MODELS. An upstream
+    # whose list cannot be read (a timeout, a 401) serves any name, and a client could otherwise mint one series
+    # per name it sends.
+    label: str
 
 
 class UpstreamPool:
@@ -210,8 +208,9 @@ class UpstreamPool:
         return Resolved(served, eligible, served if listed else OTHER_MODELS)
 
     def _serving(self, model: str) -> tuple[list[str], bool]:
-        """:meth:`eligible` and :meth:`listed` for ``model`` in one pass over the upstreams (every request
-        asks both)."""
+        """The upstreams that may run ``model``, and whether any lists it, in one pass (every request asks both).
+        An upstream whose model list is unknown serves everything: never refuse on missing information. A
+        retiring one serves nothing new, and its list does not count."""
         eligible: list[str] = []
         listed = False
         for upstream in self.upstreams:
@@ -247,7 +246,7 @@ class UpstreamPool:
 
     def listed(self, model: str) -> bool:
         """Whether any upstream's own list names ``model`` (a retiring one's does not count)."""
-        return any(upstream.lists(model) and not upstream.retiring for upstream in self.upstreams)
+        return self._serving(model)[1]
 
     def unlisted_targets(self) -> list[str]:
         """A warning for each alias (and the default) whose served name no upstream lists now: requests for it
@@ -278,14 +277,9 @@ class UpstreamPool:
         self.upstreams = [u for u in self.upstreams if u is not upstream]
         return upstream
 
-    def model_label(self, model: str) -> str:
-        """The ``model`` label value for a request's metrics: the name when an upstream lists it, else
-        :data:`OTHER_MODELS`. An upstream whose list cannot be read (a timeout, a 401) serves any name, and a
-        client could otherwise mint one series per name it sends."""
-        return model if self.listed(model) else OTHER_MODELS
-
     def eligible(self, model: str) -> list[str]:
-        return [upstream.name for upstream in self.upstreams if upstream.serves(model)]
+        """The upstreams that may run ``model`` (see :meth:`_serving`)."""
+        return self._serving(model)[0]
 
     def models_known(self) -> bool:
         return all(upstream.models is not None for upstream in self.upstreams if not upstream.retiring)
