@@ -49,6 +49,7 @@ class Reason(str, Enum):
     SLOW_START = "slow_start"  # doubling until a doubling stops paying, or congestion
     PROBE = "probe"  # measuring a limit beside the knee (or climbing towards the top of the curve)
     KNEE = "knee"  # moving to the knee read off the measured curve
+    RECOVERED = "recovered"  # back to the limit before a slowdown cut: the backend's old speed is back
     # holding
     STEADY = "steady"  # at the knee; the next probe is scheduled
     SETTLING = "settling"  # the last change has not been measured yet

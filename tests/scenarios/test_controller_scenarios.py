@@ -107,14 +107,15 @@ def test_without_shared_state_two_replicas_sum_above_the_band() -> None:
     assert any("outside the band" in failure for failure in result.failures)
 
 
-def matrix_steady_overload(name: str) -> tuple[list[PhaseResult], Run]:
-    """The controller at its defaults through one matrix deployment's steady overload (bench.baselines)."""
+def matrix_cell(name: str, kind: str = "steady_overload") -> tuple[list[PhaseResult], Run]:
+    """The controller at its defaults through one matrix deployment's steady overload, or another of its
+    scenarios (``kind``; bench.baselines)."""
     from bench.baselines import Run, deployment
 
     chosen = deployment(name)
-    overload = next(s for s in chosen.scenarios() if s.name.endswith(".steady_overload"))
-    phases = run(overload, chosen.config())
-    return phases, Run("controller", overload.name, phases)
+    scenario = next(s for s in chosen.scenarios() if s.name.endswith(f".{kind}"))
+    phases = run(scenario, chosen.config())
+    return phases, Run("controller", scenario.name, phases)
 
 
 def test_long_prompts_meet_the_kv_cap_before_any_request_has_finished() -> None:
@@ -123,7 +124,7 @@ def test_long_prompts_meet_the_kv_cap_before_any_request_has_finished() -> None:
     backend evicted and recomputed eight prompts for a minute before the first one ended (0.23x the best
     static limit). With each request's KV estimated from its body before admission, the first requests meet
     the cap of 3, nothing is preempted, and the cell holds the goal's 0.9x."""
-    phases, outcome = matrix_steady_overload("rag-32k-24gb")
+    phases, outcome = matrix_cell("rag-32k-24gb")
     assert outcome.best_static_ratio is not None and outcome.best_static_ratio >= 0.9, describe(phases[0])
     assert outcome.preemptions == 0
     first_tick = phases[0].limits[0][0]
@@ -136,6 +137,23 @@ def test_a_prefill_dip_in_slow_start_does_not_set_the_knee() -> None:
     into the curve, it put the knee near 16 and the limit stayed at 18-22 (0.77x the best static limit, 59).
     A short reading that far under its base is not evidence of a lower knee: the limit goes back to the base
     and climbs, and the cell holds the goal's 0.9x."""
-    phases, outcome = matrix_steady_overload("8b-awq-16gb-chat")
+    phases, outcome = matrix_cell("8b-awq-16gb-chat")
     assert outcome.best_static_ratio is not None and outcome.best_static_ratio >= 0.9, describe(phases[0])
     assert min(limit for t, limit in phases[0].limits[0] if t > 30.0) >= 32  # never back under the base
+
+
+def test_a_slower_backend_is_cut_to_its_tpot_objective_before_its_answers_end_and_returns_once_it_recovers() -> None:
+    """The matrix's AWQ deployment (issue 38) running 2x slower for 150 s: its goodput ends at a TPOT cliff
+    (best static 59 at full speed, 27 at half), and the answers admitted before the slowdown take a minute or
+    two to end, so a cut judged on finished requests came after the slow phase (it read 0.0, the cell 0.74). The
+    throughput readings show the slowdown within seconds; the last p99 TPOT judged, over the new speed, puts the
+    limit under the cliff then, and the slow phase keeps most of its goodput. Once readings show the old speed
+    again, the limit goes back to where it was (42) instead of re-probing its way up from the cut."""
+    phases, outcome = matrix_cell("8b-awq-16gb-chat", "backend_slowdown")
+    _, slower, recovered = phases
+    cut = next(limit for t, limit in slower.limits[0] if t >= slower.start + 30.0)
+    assert cut <= 27, describe(slower)  # under the cliff 30 s into the slow phase
+    assert slower.goodput_ratio is not None and slower.goodput_ratio >= 0.7, describe(slower)
+    back = max(limit for t, limit in recovered.limits[0] if t <= recovered.start + 30.0)
+    assert back >= 40, describe(recovered)
+    assert outcome.best_static_ratio is not None and outcome.best_static_ratio >= 0.85, describe(slower)

@@ -226,6 +226,69 @@ def test_a_step_whose_throughput_predicts_p99_tpot_over_the_objective_is_undone(
     assert undone[0].action is Action.DECREASE and undone[0].limit <= 37  # 1.2 * 37 / 3000 < 0.015
 
 
+def slowed_down(tpot_p99: float) -> tuple[Drive, int, list[Decision]]:
+    """Five minutes at full speed with p99 TPOT judged at ``tpot_p99`` (objective 0.1 s), then a minute at
+    half speed with the finished requests' p99 unchanged, as it is until the running answers end."""
+    drive = Drive(Aimd(CONFIG, initial_limit=8))
+    drive.run(300, tpot_p99=tpot_p99, latency_samples=50)
+    held = drive.aimd.limit
+    drive.rate = lambda limit: 0.5 * knee_at_30(limit)
+    return drive, held, drive.run(60, tpot_p99=tpot_p99, latency_samples=50)
+
+
+def test_a_backend_that_got_slower_is_cut_to_its_tpot_objective_before_its_answers_show_it() -> None:
+    """The throughput readings show the slowdown within seconds, and the curve's rescale by 0.5 says each token
+    now comes twice as late: 0.07 s judged becomes 0.14 s, so the limit goes at once to limit x 0.1 / 0.14."""
+    _, held, decisions = slowed_down(0.07)
+    cuts = [d for d in decisions if d.reason is Reason.TPOT]
+    assert cuts, [(d.limit, d.reason.value, d.inputs.get("curve_rescaled")) for d in decisions]
+    assert cuts[0].previous == held and cuts[0].limit == int(held * 0.1 / 0.14)
+    assert cuts[0].inputs["curve_rescaled"] and cuts[0].inputs["predicted_tpot_p99"] == 0.14
+    assert cuts[0].now - decisions[0].now <= 30.0  # two readings of the slower backend, not an answer's life
+
+
+def test_a_slower_backend_within_its_tpot_objective_or_its_noise_keeps_its_limit() -> None:
+    """0.04 s at half speed is 0.08 s, within the objective; 0.055 s is 0.11 s, over it by less than the
+    curve's shift (a reading's noise, which the factor carries): either way the rescale only rescales."""
+    for judged in (0.04, 0.055):
+        _, _, decisions = slowed_down(judged)
+        assert any(d.inputs.get("curve_rescaled") for d in decisions)
+        assert not [d for d in decisions if d.reason is Reason.TPOT], judged
+
+
+def test_a_backend_back_to_its_speed_after_a_slowdown_cut_gets_its_limit_and_curve_back() -> None:
+    """Readings at the cut limit that match what the backend gave there before the slowdown return the limit
+    to where it was; the knee is read off the curve measured then, not off the slower backend's readings, so
+    the limit stays there instead of being sent back under it."""
+    drive, held, _ = slowed_down(0.07)
+    drive.rate = knee_at_30
+    back = drive.run(120, tpot_p99=0.07, latency_samples=50)
+    returns = [d for d in back if d.reason is Reason.RECOVERED]
+    assert returns and returns[0].previous < held and returns[0].limit == held
+    assert returns[0].now - back[0].now <= 30.0
+    after = [d.limit for d in back if d.now > returns[0].now]
+    assert min(after) >= 30, [(d.limit, d.reason.value) for d in back]  # the knee, not the cut
+
+
+def test_a_backend_still_slow_keeps_the_slowdown_cut() -> None:
+    drive, held, decisions = slowed_down(0.07)
+    assert any(d.reason is Reason.TPOT for d in decisions)
+    later = drive.run(120, tpot_p99=0.07, latency_samples=50)
+    assert not [d for d in later if d.reason is Reason.RECOVERED]
+    assert max(d.limit for d in later) < held
+
+
+def test_capacity_congestion_under_a_slowdown_cut_cancels_the_return() -> None:
+    """Under the cut the KV cache filled: the limit before the cut would fill it too, so the backend's speed
+    coming back no longer returns the limit there (the congestion's ceiling stays)."""
+    drive, _, decisions = slowed_down(0.07)
+    assert any(d.reason is Reason.TPOT for d in decisions)
+    drive.run(12, kv_usage=0.99, kv_usage_age_s=0.5, backend_running=lambda d: d.aimd.limit, backend_running_age_s=0.5)
+    drive.rate = knee_at_30
+    back = drive.run(60, tpot_p99=0.07, latency_samples=50)
+    assert not [d for d in back if d.reason is Reason.RECOVERED]
+
+
 def test_a_sweep_result_is_the_starting_point() -> None:
     aimd = Aimd(CONFIG, initial_limit=8, start=StartPoint(limit=28, peak_tokens_per_s=2900.0))
     assert aimd.limit == 28

@@ -22,6 +22,9 @@ Each tick, the first rule that applies decides:
    the curve, and a backend that got faster or slower, are found again. Steps up never take more than
    3/4 of the KV room left, or the one sequence that fits whole (:mod:`gateway.control.knee_search.capacity`), and a
    step whose reading predicts p99 TPOT over its objective (:mod:`gateway.control.knee_search.tpot`) is undone at once.
+   Readings that show the backend slower at the same limit cut it to its TPOT objective at once when the
+   last p99 TPOT judged, at the new speed, would be over it; readings that show the old speed back return
+   the limit, and the curve, to where they were (``_cut_for_slowdown``, ``_back_from_slowdown``).
 
 Why throughput and not end-to-end latency: an LLM request's duration grows with its output length, so
 latency-gradient algorithms (Envoy's adaptive concurrency, Netflix Gradient2) read a shift to longer
@@ -37,7 +40,7 @@ from gateway.control.algorithm import Action, Decision, Phase, Reason
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.knee_search.capacity import KvRoom, over_share
 from gateway.control.knee_search.ceiling import Ceiling
-from gateway.control.knee_search.curve import Curve
+from gateway.control.knee_search.curve import Curve, Rescale
 from gateway.control.knee_search.knee import CLIMB_STEP, clearly_below, knee_target, paid, probe_step
 from gateway.control.knee_search.kv_gauge import KvGauge
 from gateway.control.knee_search.meter import Readings
@@ -80,6 +83,7 @@ class Aimd:
         self._detail: dict[str, Any] = {}
         self._part: float | None = None  # leading other replicas: its part of their demand (see _lead)
         self._blocked_by: Reason | None = None
+        self._slowdown: tuple[int, Rescale] | None = None  # a slowdown cut: the limit before it, and its rescale
 
     @property
     def limit(self) -> int:
@@ -171,8 +175,15 @@ class Aimd:
             # The same limit now gives a different throughput: the backend got slower or faster, or
             # the mix changed. The curve's shape, and so the knee, is kept until readings say otherwise.
             self._detail["curve_rescaled"] = True
+            cut = self._cut_for_slowdown(obs, lo)
+            if cut is not None:
+                return cut
             # Re-measure the top soon (when cruising): the old readings only stand in for it.
             self._reprobe.rescaled(cruising=self._phase == Phase.CRUISE)
+        if settled and self._slowdown is not None:
+            back = self._back_from_slowdown(obs, rate, hi)
+            if back is not None:
+                return back
         if self._probe is not None:
             if not settled and self._probe.kind != Phase.SLOW_START:
                 return self._hold(obs, Reason.SETTLING, first_reading=True)
@@ -224,6 +235,8 @@ class Aimd:
             self._ssthresh = None
             self._set_ceiling(now, congested_at - 1)
             self._curve.forget_above(congested_at - 1)
+            if signal.reason not in (Reason.TTFT, Reason.TPOT):
+                self._slowdown = None  # a limit under the slowdown cut ran out of room: the old one would too
             in_use_cut = int(congested_at * signal.factor)
             if not bottleneck and new < in_use_cut:
                 # The limit was not in use, so the cut went to what was in flight (a few requests while
@@ -377,6 +390,7 @@ class Aimd:
         if self._part is None:
             self._part = part
             self._curve.clear()
+            self._slowdown = None
             return None
         if abs(part - self._part) <= _REGROUP * self._part:
             return None
@@ -384,6 +398,7 @@ class Aimd:
         target = min(max(round(self._limit * factor), lo), hi)
         self._part = part
         self._curve.regroup(factor)
+        self._slowdown = None  # its curve counts limits of the old part
         self._probe = None
         self._detail["regrouped"] = round(part, 3)
         return self._change(obs, target, Reason.FOLLOW) if target != self._limit else None
@@ -449,6 +464,50 @@ class Aimd:
             found = self._curve.knee(self.config.knee_fraction)
             return self._cruise(obs, lo, hi, probed=found is not None and found[1])
         return self._climb(obs, lo, hi) if paid_off else self._cruise(obs, lo, hi, probed=True)
+
+    def _cut_for_slowdown(self, obs: Observation, lo: int) -> Decision | None:
+        """The curve just rescaled down by a factor f: every stream runs at f of its rate. Where the p99 TPOT
+        judged before, over f, is over the objective by more than a reading's noise (the curve's shift), the
+        limit goes at once to where it meets it (TPOT read as proportional to the streams running, at the new
+        speed), instead of an answer's life later, when the answers running now have ended over it."""
+        rescale = self._curve.last_rescale
+        objective = self.config.tpot_p99_slo_s
+        if rescale is None or rescale.factor >= 1 or objective is None:
+            return None
+        predicted = self._tpot.after_slowdown(rescale.factor)
+        if predicted is None or predicted <= objective * (1 + self._curve.shift):
+            return None
+        target = max(lo, int(self._limit * objective / predicted))
+        if target >= self._limit:
+            return None
+        self._detail["predicted_tpot_p99"] = round(predicted, 4)
+        self._slowdown = (self._limit, rescale)
+        self._probe = None
+        self._set_ceiling(obs.now, self._limit - 1)
+        self._curve.forget_above(target)
+        self._phase = Phase.CRUISE
+        self._ssthresh = None
+        return self._change(obs, target, Reason.TPOT, Action.DECREASE)
+
+    def _back_from_slowdown(self, obs: Observation, rate: float, hi: int) -> Decision | None:
+        """After a slowdown cut, a settled reading that is what the backend gave at this limit before it got
+        slower means it recovered: the limit returns to where it was before the cut, under the curve measured
+        then, and the cut's ceiling goes. The curve of the slower backend would read the knee off its readings
+        and send the limit back down; re-probes alone would take minutes to climb back."""
+        assert self._slowdown is not None
+        before, rescale = self._slowdown
+        if not rescale.back(self._limit, rate):
+            return None
+        self._slowdown = None
+        self._curve = rescale.before
+        self._ceiling.clear()
+        target = min(before, hi)
+        if target <= self._limit:
+            return None
+        self._probe = None
+        self._phase = Phase.CRUISE
+        self._detail["recovered_from"] = self._limit
+        return self._change(obs, target, Reason.RECOVERED, Action.INCREASE)
 
     def _blocked(self, obs: Observation, reason: Reason) -> Decision:
         """A step up ran into a headroom signal before it could be measured: undo it, and do not

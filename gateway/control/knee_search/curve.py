@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MAX_WEIGHT = 6  # the running mean weighs at most this many readings, so it keeps following drift
 _PROVISIONAL_BELOW = 0.8  # first readings count only below this share of the lowest settled limit
@@ -32,10 +32,25 @@ class Point:
     settled: bool  # False while the point holds only first readings after a change
 
 
+@dataclass(frozen=True, slots=True)
+class Rescale:
+    """The curve's last rescale: the factor readings showed (the new rate over the expected one) and the
+    curve as it was before, the backend's speed up to then."""
+
+    factor: float
+    before: Curve
+
+    def back(self, limit: int, rate: float) -> bool:
+        """Whether a settled reading at ``limit`` is what the backend gave there before the rescale (within
+        the curve's shift, or above): the world the rescale left is back."""
+        return not self.before.short_of(limit, rate)
+
+
 class Curve:
     def __init__(self, shift: float = 0.12) -> None:
         self.shift = shift  # relative deviation from expectation that means "the world changed"
         self.points: dict[int, Point] = {}
+        self.last_rescale: Rescale | None = None
         self._deviation = 0  # consecutive deviating settled readings, signed by direction
         self._normal_at = -math.inf  # when the last settled reading the curve expected started
 
@@ -83,6 +98,7 @@ class Curve:
                 # measured again from here on. First readings since the last expected one may have
                 # seen either world, so they are dropped rather than scaled.
                 factor = rate / expected[1]
+                self.last_rescale = Rescale(factor, self.copy())
                 self.points = {key: p for key, p in self.points.items() if p.settled or p.at <= self._normal_at}
                 self.rescale(factor, before=now + 1)
                 self._deviation = 0
@@ -112,6 +128,19 @@ class Curve:
                 point.mean *= factor
                 point.weight = min(point.weight, 1.0)
                 point.settled = False
+
+    def short_of(self, limit: int, rate: float) -> bool:
+        """Whether a reading at ``limit`` falls under what the curve expects there by more than its shift
+        (False where it expects nothing)."""
+        expected = self._expected(limit)
+        return expected is not None and rate < expected[0]
+
+    def copy(self) -> Curve:
+        """The same readings, in a curve of their own (without its record of rescales)."""
+        copied = Curve(self.shift)
+        copied.points = {limit: replace(point) for limit, point in self.points.items()}
+        copied._normal_at = self._normal_at
+        return copied
 
     def settled(self, limit: int) -> bool:
         point = self.points.get(limit)

@@ -5,6 +5,12 @@ A step up past the latency objective would run that long unchecked. But throughp
 seconds, and limit / tokens-per-second is the mean time between two tokens of one stream (prefill
 stalls included). Its ratio to the measured p99 TPOT is learned continuously over the window; a step's
 reading times that ratio predicts the step's p99 TPOT, so an overshoot is undone at once.
+
+A backend that gets slower at the same limit (a throttled GPU, a co-tenant) asks the same question the
+other way: its answers show the slower tokens only once they end, an answer's life later. When the
+throughput readings say every stream now runs at a fraction of its old rate, the last p99 TPOT judged
+before the change, over that fraction, is what the answers running now will show
+(:meth:`TpotPredictor.after_slowdown`).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ class TpotPredictor:
     def __init__(self, min_samples: int) -> None:
         self.min_samples = min_samples
         self.scale: float | None = None  # p99 TPOT / (limit / tokens/s), learned
+        self.judged: float | None = None  # the last p99 TPOT judged on min_samples requests or more
         self._history = LimitHistory()
 
     def limit_set(self, now: float, limit: int) -> None:
@@ -28,6 +35,8 @@ class TpotPredictor:
         """One calibration point from the window: its p99 TPOT over the mean per-slot token interval
         (the window's mean limit over its tokens/s). Only while the limit was the bottleneck: in-flight
         below the limit would make the interval look shorter than the limit says."""
+        if obs.tpot_p99 is not None and obs.latency_samples >= self.min_samples:
+            self.judged = obs.tpot_p99
         if not bottleneck or obs.tpot_p99 is None or obs.latency_samples < self.min_samples or obs.tokens_per_s <= 0:
             return
         mean_limit = self._history.mean(obs.now - obs.window_s, obs.now)
@@ -52,3 +61,14 @@ class TpotPredictor:
             if predicted is not None and predicted <= objective:
                 best = limit
         return best
+
+    def after_slowdown(self, factor: float) -> float | None:
+        """p99 TPOT expected once every stream runs at ``factor`` (< 1) of the token rate it had when p99
+        TPOT was last judged: each token comes 1/``factor`` times later (None before any judgement).
+
+        Not :meth:`predict`: its ratio is learned from windows whose throughput already fell while their
+        p99, from requests that ran mostly before the change, had not risen yet, so through the change it
+        reads short, and near a TPOT cliff short is over it (docs/controller.md, the AWQ slowdown)."""
+        if self.judged is None or factor <= 0:
+            return None
+        return self.judged / factor
