@@ -261,9 +261,12 @@ def test_a_backend_back_to_its_speed_after_a_slowdown_cut_gets_its_limit_and_cur
     to where it was; the knee is read off the curve measured then, not off the slower backend's readings, so
     the limit stays there instead of being sent back under it."""
     drive, held, _ = slowed_down(0.07)
+    pending = drive.aimd.state()["slowdown_cut"]
+    assert pending is not None and pending["return_to"] == held and 0.45 <= pending["speed"] <= 0.55
     drive.rate = knee_at_30
     back = drive.run(120, tpot_p99=0.07, latency_samples=50)
     returns = [d for d in back if d.reason is Reason.RECOVERED]
+    assert drive.aimd.state()["slowdown_cut"] is None
     assert returns and returns[0].previous < held and returns[0].limit == held
     assert returns[0].now - back[0].now <= 30.0
     after = [d.limit for d in back if d.now > returns[0].now]

@@ -24,7 +24,7 @@ Each tick, the first rule that applies decides:
    step whose reading predicts p99 TPOT over its objective (:mod:`gateway.control.knee_search.tpot`) is undone at once.
    Readings that show the backend slower at the same limit cut it to its TPOT objective at once when the
    last p99 TPOT judged, at the new speed, would be over it; readings that show the old speed back return
-   the limit, and the curve, to where they were (``_cut_for_slowdown``, ``_back_from_slowdown``).
+   the limit, and the curve, to where they were (:mod:`gateway.control.knee_search.slowdown`).
 
 Why throughput and not end-to-end latency: an LLM request's duration grows with its output length, so
 latency-gradient algorithms (Envoy's adaptive concurrency, Netflix Gradient2) read a shift to longer
@@ -40,12 +40,13 @@ from gateway.control.algorithm import Action, Decision, Phase, Reason
 from gateway.control.config import AimdConfig, StartPoint
 from gateway.control.knee_search.capacity import KvRoom, over_share
 from gateway.control.knee_search.ceiling import Ceiling
-from gateway.control.knee_search.curve import Curve, Rescale
+from gateway.control.knee_search.curve import Curve
 from gateway.control.knee_search.knee import CLIMB_STEP, clearly_below, knee_target, paid, probe_step
 from gateway.control.knee_search.kv_gauge import KvGauge
 from gateway.control.knee_search.meter import Readings
 from gateway.control.knee_search.reprobe import Probe, Reprobe
 from gateway.control.knee_search.signals import CongestionDetector, Signal
+from gateway.control.knee_search.slowdown import Slowdown
 from gateway.control.knee_search.tpot import TpotPredictor
 from gateway.control.observation import Observation
 from gateway.control.share import cap_share, follow_target, leading, room_share
@@ -83,7 +84,7 @@ class Aimd:
         self._detail: dict[str, Any] = {}
         self._part: float | None = None  # leading other replicas: its part of their demand (see _lead)
         self._blocked_by: Reason | None = None
-        self._slowdown: tuple[int, Rescale] | None = None  # a slowdown cut: the limit before it, and its rescale
+        self._slowdown = Slowdown()
 
     @property
     def limit(self) -> int:
@@ -180,7 +181,7 @@ class Aimd:
                 return cut
             # Re-measure the top soon (when cruising): the old readings only stand in for it.
             self._reprobe.rescaled(cruising=self._phase == Phase.CRUISE)
-        if settled and self._slowdown is not None:
+        if settled and self._slowdown.cut is not None:
             back = self._back_from_slowdown(obs, rate, hi)
             if back is not None:
                 return back
@@ -236,7 +237,7 @@ class Aimd:
             self._set_ceiling(now, congested_at - 1)
             self._curve.forget_above(congested_at - 1)
             if signal.reason not in (Reason.TTFT, Reason.TPOT):
-                self._slowdown = None  # a limit under the slowdown cut ran out of room: the old one would too
+                self._slowdown.cancel()  # a limit under the slowdown cut ran out of room: the old one would too
             in_use_cut = int(congested_at * signal.factor)
             if not bottleneck and new < in_use_cut:
                 # The limit was not in use, so the cut went to what was in flight (a few requests while
@@ -390,7 +391,7 @@ class Aimd:
         if self._part is None:
             self._part = part
             self._curve.clear()
-            self._slowdown = None
+            self._slowdown.cancel()
             return None
         if abs(part - self._part) <= _REGROUP * self._part:
             return None
@@ -398,7 +399,7 @@ class Aimd:
         target = min(max(round(self._limit * factor), lo), hi)
         self._part = part
         self._curve.regroup(factor)
-        self._slowdown = None  # its curve counts limits of the old part
+        self._slowdown.cancel()  # its curve counts limits of the old part
         self._probe = None
         self._detail["regrouped"] = round(part, 3)
         return self._change(obs, target, Reason.FOLLOW) if target != self._limit else None
@@ -466,22 +467,14 @@ class Aimd:
         return self._climb(obs, lo, hi) if paid_off else self._cruise(obs, lo, hi, probed=True)
 
     def _cut_for_slowdown(self, obs: Observation, lo: int) -> Decision | None:
-        """The curve just rescaled down by a factor f: every stream runs at f of its rate. Where the p99 TPOT
-        judged before, over f, is over the objective by more than a reading's noise (the curve's shift), the
-        limit goes at once to where it meets it (TPOT read as proportional to the streams running, at the new
-        speed), instead of an answer's life later, when the answers running now have ended over it."""
-        rescale = self._curve.last_rescale
-        objective = self.config.tpot_p99_slo_s
-        if rescale is None or rescale.factor >= 1 or objective is None:
+        """The curve just rescaled down: where the running answers will be over the TPOT objective at the new
+        speed, the limit goes at once to where they meet it (``Slowdown.cut_to``), with a ceiling as after a
+        latency cut."""
+        found = self._slowdown.cut_to(self._limit, lo, self._curve, self._tpot, self.config.tpot_p99_slo_s)
+        if found is None:
             return None
-        predicted = self._tpot.after_slowdown(rescale.factor)
-        if predicted is None or predicted <= objective * (1 + self._curve.shift):
-            return None
-        target = max(lo, int(self._limit * objective / predicted))
-        if target >= self._limit:
-            return None
+        target, predicted = found
         self._detail["predicted_tpot_p99"] = round(predicted, 4)
-        self._slowdown = (self._limit, rescale)
         self._probe = None
         self._set_ceiling(obs.now, self._limit - 1)
         self._curve.forget_above(target)
@@ -491,17 +484,14 @@ class Aimd:
 
     def _back_from_slowdown(self, obs: Observation, rate: float, hi: int) -> Decision | None:
         """After a slowdown cut, a settled reading that is what the backend gave at this limit before it got
-        slower means it recovered: the limit returns to where it was before the cut, under the curve measured
-        then, and the cut's ceiling goes. The curve of the slower backend would read the knee off its readings
-        and send the limit back down; re-probes alone would take minutes to climb back."""
-        assert self._slowdown is not None
-        before, rescale = self._slowdown
-        if not rescale.back(self._limit, rate):
+        slower: the limit returns to where it was before the cut, under the curve measured then, and the cut's
+        ceiling goes (re-probes alone would take minutes to climb back)."""
+        cut = self._slowdown.recovered(self._limit, rate)
+        if cut is None:
             return None
-        self._slowdown = None
-        self._curve = rescale.before
+        self._curve = cut.rescale.before
         self._ceiling.clear()
-        target = min(before, hi)
+        target = min(cut.limit_before, hi)
         if target <= self._limit:
             return None
         self._probe = None
@@ -566,6 +556,7 @@ class Aimd:
                 "kind": probe.kind,
             },
             "curve": self._curve.as_dict(),
+            "slowdown_cut": self._slowdown.state(),  # where the limit returns once readings show the old speed
             **self._reprobe.state(),
             "last_decrease_at": self._last_decrease_at,
             "steady_since": self._readings.steady_since,

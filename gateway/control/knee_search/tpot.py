@@ -6,11 +6,9 @@ seconds, and limit / tokens-per-second is the mean time between two tokens of on
 stalls included). Its ratio to the measured p99 TPOT is learned continuously over the window; a step's
 reading times that ratio predicts the step's p99 TPOT, so an overshoot is undone at once.
 
-A backend that gets slower at the same limit (a throttled GPU, a co-tenant) asks the same question the
-other way: its answers show the slower tokens only once they end, an answer's life later. When the
-throughput readings say every stream now runs at a fraction of its old rate, the last p99 TPOT judged
-before the change, over that fraction, is what the answers running now will show
-(:meth:`TpotPredictor.after_slowdown`).
+A backend that gets slower at the same limit asks the same question the other way: its answers show the
+slower tokens only once they end. :meth:`TpotPredictor.after_slowdown` answers it for
+:mod:`gateway.control.knee_search.slowdown`.
 """
 
 from __future__ import annotations
