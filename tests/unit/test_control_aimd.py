@@ -226,6 +226,30 @@ def test_a_step_whose_throughput_predicts_p99_tpot_over_the_objective_is_undone(
     assert undone[0].action is Action.DECREASE and undone[0].limit <= 37  # 1.2 * 37 / 3000 < 0.015
 
 
+def test_a_step_over_the_tpot_objective_that_lost_throughput_goes_back_to_its_base() -> None:
+    """Past a cliff at 36 the backend streams fewer tokens with more requests. The climb's step 32 -> 40 reads
+    2,700 tokens/s against 3,000 and predicts p99 TPOT over the objective: the slots it added bought nothing,
+    so the limit goes back to 32, not to the largest limit a line drawn down between the two readings
+    would keep within the objective (39, over the cliff, where the late p99 then cuts twice more)."""
+
+    def past_a_cliff_at_36(limit: int) -> float:
+        return 100.0 * min(limit, 30) if limit <= 36 else 3000.0 * 36 / limit
+
+    config = AimdConfig(tpot_p99_slo_s=0.013)
+    start = StartPoint(limit=32, peak_tokens_per_s=3000.0, levels=((8, 800.0), (16, 1600.0), (32, 3000.0)))
+    drive = Drive(Aimd(config, initial_limit=8, start=start), rate=past_a_cliff_at_36)
+    history: list[int] = []
+
+    def late_tpot(d: Drive) -> float:  # p99 TPOT 1.2x the mean token interval, known 30 s later
+        history.append(d.aimd.limit)
+        late = history[max(0, len(history) - 15)]
+        return 1.2 * late / past_a_cliff_at_36(late)
+
+    decisions = drive.run(30, tpot_p99=late_tpot, latency_samples=50)
+    steps = [(d.previous, d.limit, d.reason) for d in decisions if d.limit != d.previous]
+    assert steps == [(32, 40, Reason.PROBE), (40, 32, Reason.TPOT)], steps
+
+
 def slowed_down(tpot_p99: float) -> tuple[Drive, int, list[Decision]]:
     """Five minutes at full speed with p99 TPOT judged at ``tpot_p99`` (objective 0.1 s), then a minute at
     half speed with the finished requests' p99 unchanged, as it is until the running answers end."""
