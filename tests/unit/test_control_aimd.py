@@ -230,7 +230,7 @@ def test_a_step_over_the_tpot_objective_that_lost_throughput_goes_back_to_its_ba
     """Past a cliff at 36 the backend streams fewer tokens with more requests. The climb's step 32 -> 40 reads
     2,700 tokens/s against 3,000 and predicts p99 TPOT over the objective: the slots it added bought nothing,
     so the limit goes back to 32, not to the largest limit a line drawn down between the two readings
-    would keep within the objective (39, over the cliff, where the late p99 then cuts twice more)."""
+    would keep within the objective (39, still past the cliff)."""
 
     def past_a_cliff_at_36(limit: int) -> float:
         return 100.0 * min(limit, 30) if limit <= 36 else 3000.0 * 36 / limit
