@@ -209,18 +209,23 @@ def test_a_step_up_is_capped_by_the_room_left_in_the_kv_cache() -> None:
     assert max(d.limit for d in drive.decisions) <= 32 + room
 
 
-def test_a_step_whose_throughput_predicts_p99_tpot_over_the_objective_is_undone() -> None:
-    config = AimdConfig(tpot_p99_slo_s=0.015)
-    drive = Drive(Aimd(config, initial_limit=16))
-    # p99 TPOT is 1.2x the mean per-stream token interval, reported late (as requests finish)
+def reported_late(rate: Callable[[int], float], ticks: int) -> Callable[[Drive], float]:
+    """p99 TPOT 1.2x the mean per-stream token interval at the limit of ``ticks`` observations ago: known only
+    as requests finish, after the limit that caused it has moved on."""
     history: list[int] = []
 
     def tpot(d: Drive) -> float:
         history.append(d.aimd.limit)
-        late = history[max(0, len(history) - 8)]
-        return 1.2 * late / knee_at_30(late)
+        late = history[max(0, len(history) - ticks)]
+        return 1.2 * late / rate(late)
 
-    decisions = drive.run(120, tpot_p99=tpot, latency_samples=50)
+    return tpot
+
+
+def test_a_step_whose_throughput_predicts_p99_tpot_over_the_objective_is_undone() -> None:
+    config = AimdConfig(tpot_p99_slo_s=0.015)
+    drive = Drive(Aimd(config, initial_limit=16))
+    decisions = drive.run(120, tpot_p99=reported_late(knee_at_30, ticks=8), latency_samples=50)
     undone = [d for d in decisions if d.reason is Reason.TPOT]
     assert undone, [(d.limit, d.reason.value) for d in decisions]
     assert undone[0].action is Action.DECREASE and undone[0].limit <= 37  # 1.2 * 37 / 3000 < 0.015
@@ -238,14 +243,7 @@ def test_a_step_over_the_tpot_objective_that_lost_throughput_goes_back_to_its_ba
     config = AimdConfig(tpot_p99_slo_s=0.013)
     start = StartPoint(limit=32, peak_tokens_per_s=3000.0, levels=((8, 800.0), (16, 1600.0), (32, 3000.0)))
     drive = Drive(Aimd(config, initial_limit=8, start=start), rate=past_a_cliff_at_36)
-    history: list[int] = []
-
-    def late_tpot(d: Drive) -> float:  # p99 TPOT 1.2x the mean token interval, known 30 s later
-        history.append(d.aimd.limit)
-        late = history[max(0, len(history) - 15)]
-        return 1.2 * late / past_a_cliff_at_36(late)
-
-    decisions = drive.run(30, tpot_p99=late_tpot, latency_samples=50)
+    decisions = drive.run(30, tpot_p99=reported_late(past_a_cliff_at_36, ticks=15), latency_samples=50)
     steps = [(d.previous, d.limit, d.reason) for d in decisions if d.limit != d.previous]
     assert steps == [(32, 40, Reason.PROBE), (40, 32, Reason.TPOT)], steps
 

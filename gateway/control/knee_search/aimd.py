@@ -439,11 +439,10 @@ class Aimd:
             self._detail["predicted_tpot_p99"] = round(predicted, 4)
         if probe.direction > 0 and predicted is not None and slo is not None and predicted > slo:
             # Back to the largest limit predicted within the objective, throughput read on the line between
-            # the base and the step; a step that streamed no more than its base (past a cliff) bought
-            # nothing with its slots, and the line's slope down would only keep some of them over the cliff.
+            # the base and the step.
             fit = (
                 probe.base_limit
-                if base_rate is None or rate <= base_rate
+                if base_rate is None
                 else self._tpot.largest_within(slo, probe.base_limit, base_rate, self._limit, rate)
             )
             self._set_ceiling(now, self._limit - 1)

@@ -51,7 +51,12 @@ class TpotPredictor:
 
     def largest_within(self, objective: float, low: int, low_rate: float, high: int, high_rate: float) -> int:
         """The largest limit in [low, high) whose predicted p99 TPOT meets ``objective``, throughput
-        read linearly between the two readings (``low`` when none does)."""
+        read linearly between the two readings (``low`` when none does).
+
+        ``low`` too when ``high`` streamed no more than ``low`` (past a cliff): its extra slots bought
+        nothing, and the line's slope down would keep some of them over the cliff."""
+        if high_rate <= low_rate:
+            return low
         best = low
         for limit in range(low + 1, high):
             rate = low_rate + (high_rate - low_rate) * (limit - low) / (high - low)
