@@ -1,4 +1,5 @@
-"""The p99 TPOT predictor's answer to "how far back does a step over the objective go"."""
+"""The p99 TPOT predictor: what it learns from the requests that finish, and how far back a step over the objective
+goes."""
 
 from __future__ import annotations
 
