@@ -46,7 +46,7 @@ from gateway.control.knee_search.kv_gauge import KvGauge
 from gateway.control.knee_search.meter import Readings
 from gateway.control.knee_search.reprobe import Probe, Reprobe
 from gateway.control.knee_search.signals import CongestionDetector, Signal
-from gateway.control.knee_search.slowdown import Slowdown, over_objective
+from gateway.control.knee_search.slowdown import Slowdown
 from gateway.control.knee_search.tpot import TpotPredictor
 from gateway.control.observation import Observation
 from gateway.control.share import cap_share, follow_target, leading, room_share
@@ -154,9 +154,7 @@ class Aimd:
             return self._recover(obs, lo, hi)
         probe = self._probe
         rate = self._readings.take(
-            now,
-            short=probe is not None and probe.kind == Phase.SLOW_START and self._readings.taken == 0,
-            stretch=not self._unstretched(),
+            now, short=probe is not None and probe.kind == Phase.SLOW_START and self._readings.taken == 0
         )
         if rate is None:
             return self._hold(obs, Reason.SETTLING)
@@ -469,23 +467,6 @@ class Aimd:
             found = self._curve.knee(self.config.knee_fraction)
             return self._cruise(obs, lo, hi, probed=found is not None and found[1])
         return self._climb(obs, lo, hi) if paid_off else self._cruise(obs, lo, hi, probed=True)
-
-    def _unstretched(self) -> bool:
-        """Whether the next reading keeps ``measure_s`` rather than stretching for a slower backend (``Readings.take``):
-        where it is to confirm a slowdown that calls for a cut (the last reading fell under the curve by more than
-        twice its shift, more than a reading's noise on the noisiest deployment, and at that speed the running
-        answers would be over the TPOT objective), or to show the backend back from one (a slowdown cut in force).
-        Stretched by the slower readings it may overturn, it would come up to two readings late, and the cut or the
-        return with it."""
-        if self._slowdown.cut is not None:
-            return True
-        factor = self._curve.pending_factor
-        objective = self.config.tpot_p99_slo_s
-        return (
-            factor is not None
-            and factor <= 1 - 2 * self._curve.shift
-            and over_objective(factor, self._curve, self._tpot, objective) is not None
-        )
 
     def _cut_for_slowdown(self, obs: Observation, lo: int) -> Decision | None:
         """The curve just rescaled down: where the running answers will be over the TPOT objective at the new

@@ -52,14 +52,7 @@ class Curve:
         self.points: dict[int, Point] = {}
         self.last_rescale: Rescale | None = None
         self._deviation = 0  # consecutive deviating settled readings, signed by direction
-        self._pending_factor: float | None = None  # the last deviating reading over its expectation
         self._normal_at = -math.inf  # when the last settled reading the curve expected started
-
-    @property
-    def pending_factor(self) -> float | None:
-        """The factor the last settled reading showed against what the curve expected there, while it waits for
-        the reading that would confirm it (one more the same way rescales the curve); None when it was expected."""
-        return self._pending_factor
 
     def _expected(self, limit: int) -> tuple[float, float, float] | None:
         """(low, mid, high) of what a reading at ``limit`` should be, from the curve as it is."""
@@ -99,7 +92,6 @@ class Curve:
                     self._deviation = 0
                 self._deviation += direction
                 if abs(self._deviation) < 2:
-                    self._pending_factor = rate / expected[1]
                     return False  # one reading can be a transient: a prefill burst, a recompute
                 # The readings that revealed the change straddle it (requests of the old mix still
                 # finishing): they give the factor, and the curve, this limit's point included, is
@@ -109,9 +101,9 @@ class Curve:
                 self.last_rescale = Rescale(factor, self.copy())
                 self.points = {key: p for key, p in self.points.items() if p.settled or p.at <= self._normal_at}
                 self.rescale(factor, before=now + 1)
-                self._deviation, self._pending_factor = 0, None
+                self._deviation = 0
                 return True
-            self._deviation, self._pending_factor = 0, None
+            self._deviation = 0
             self._normal_at = max(self._normal_at, now)
         point = self.points.get(limit)
         if point is None or (settled and not point.settled):

@@ -181,12 +181,11 @@ class Readings:
         elif self.steady_since is None:
             self.steady_since = obs.now
 
-    def take(self, now: float, *, short: bool = False, stretch: bool = True) -> float | None:
+    def take(self, now: float, *, short: bool = False) -> float | None:
         """A reading, if one is due. ``short``: half length (slow start's first reading at a doubled
         limit only has to tell doubling from not, and a short one keeps time past a cliff short).
         Otherwise a slower backend (fewer tokens and prompts per second, so noisier readings) gets
-        longer readings, to keep their token count; ``stretch=False`` keeps ``measure_s`` for a reading
-        that is to confirm a slowdown or show its end, which waiting for tokens would only delay."""
+        longer readings, to keep their token count."""
         if self.pending is not None:
             begin, end = self.pending
             if not self.meter.final(end) and now - end < PENDING_MAX_S:
@@ -194,7 +193,7 @@ class Readings:
             self.pending = None
             return self._taken(self.meter.measure(begin, end))
         span = self.measure_s / 2 if short else self.measure_s
-        if not short and stretch and self._last:
+        if not short and self._last:
             span *= min(_MAX_SPAN_STRETCH, max(1.0, self._peak / self._last))
         if self.steady_since is None or now - self.steady_since < span - 1e-9:
             return None

@@ -43,10 +43,13 @@ class Slowdown:
         self, limit: int, lo: int, curve: Curve, tpot: TpotPredictor, objective: float | None
     ) -> tuple[int, float] | None:
         """Right after ``curve`` rescaled: the limit that meets the TPOT ``objective`` at the new speed and the p99
-        TPOT predicted there without a cut, or None where no cut is called for (:func:`over_objective`)."""
+        TPOT predicted there without a cut, or None where no cut is called for. A cut needs the prediction over
+        the objective by more than the curve's shift: f comes from one reading and carries a reading's noise."""
         rescale = curve.last_rescale
-        predicted = None if rescale is None else over_objective(rescale.factor, curve, tpot, objective)
-        if rescale is None or predicted is None or objective is None:
+        if rescale is None or rescale.factor >= 1 or objective is None:
+            return None
+        predicted = tpot.after_slowdown(rescale.factor)
+        if predicted is None or predicted <= objective * (1 + curve.shift):
             return None
         target = max(lo, int(limit * objective / predicted))  # TPOT read as proportional to the streams running
         if target >= limit:
@@ -70,13 +73,3 @@ class Slowdown:
     def state(self) -> dict[str, float] | None:
         cut = self.cut
         return None if cut is None else {"return_to": cut.limit_before, "speed": round(cut.rescale.factor, 3)}
-
-
-def over_objective(factor: float, curve: Curve, tpot: TpotPredictor, objective: float | None) -> float | None:
-    """The p99 TPOT the running answers will show once the backend runs at ``factor`` of its speed, where that
-    is over the ``objective`` by more than the curve's shift (f comes from one reading and carries a reading's
-    noise); None where a slowdown of ``factor`` calls for no cut."""
-    if factor >= 1 or objective is None:
-        return None
-    predicted = tpot.after_slowdown(factor)
-    return predicted if predicted is not None and predicted > objective * (1 + curve.shift) else None
