@@ -319,14 +319,17 @@ class Comparison:
         paired = self.paired
         return min(paired, key=paired.__getitem__)
 
+    def holds(self, static: str, settled: list[int], floor: float = 0.9) -> bool:
+        """The controller delivered at least ``floor`` x the ``static`` configuration's tokens/s, or it ran at
+        exactly that limit through every measured run (``settled``: its limit at each tick of them). In the
+        second case the controller *was* that configuration, so what its ratio measures is the shared machine's
+        noise (runs of the same configuration spread by +-15% here), not the controller."""
+        same_limit = bool(settled) and set(settled) == {int(static.removeprefix("static "))}
+        return same_limit or self.paired[static] >= floor
+
     def holds_the_best_static(self, settled: list[int], floor: float = 0.9) -> bool:
-        """The controller delivered at least ``floor`` x the best static limit's tokens/s, or it ran at exactly
-        that limit through every measured run (``settled``: its limit at each tick of them). In the second case
-        the controller *was* that configuration, so what its ratio measures is the shared machine's noise
-        (runs of the same configuration spread by +-15% here), not the controller."""
-        best = self.best_static
-        same_limit = bool(settled) and set(settled) == {int(best.removeprefix("static "))}
-        return same_limit or self.paired[best] >= floor
+        """:meth:`holds` for the static configuration the controller compares worst with."""
+        return self.holds(self.best_static, settled, floor)
 
     def report(self) -> str:
         medians = {name: round(statistics.median(values)) for name, values in self.runs.items()}

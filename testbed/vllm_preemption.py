@@ -172,6 +172,15 @@ class Outcome:
     def failed(self) -> list[str]:
         return [check for check, ok in self.met.items() if not ok]
 
+    def summary(self) -> str:
+        """The figures that say why a check failed, short enough to lead a report that CI may cut."""
+        measured = sorted(set(self.limit_measured))
+        return (
+            f"ratios {self.ratio}, goodput or throughput per run {self.runs}, limits measured {measured} "
+            f"(converged at {self.limit_converged}), reasons {self.reasons_measured}, preemptions {self.preemptions}, "
+            f"upstream TTFT p99 per run {self.upstream_ttft_p99}, runs {self.spans}"
+        )
+
 
 def vllm_counter(url: str, name: str) -> float:
     value = metric_value(f"{url}/metrics", name)
@@ -218,7 +227,8 @@ async def compare(
     then rotated rounds of the controller, static C and static 2C; what each delivered, and the checks:
     static 2C preempts, the controller settles at or below what the gateway's hard cap lets run
     (``Budget.fits``), sees at most one preemption a minute while
-    judged, and delivers at least 0.9x each static limit (the median of its round-by-round ratios)."""
+    judged, and delivers at least 0.9x each static limit (the median of its round-by-round ratios) or runs at
+    exactly that limit through every measured run (``Comparison.holds``: then the ratio is the machine's noise)."""
     c = budget.c
     gateways = start_configurations(start, vllm_url, (c, 2 * c), env={**DEFAULT_READINGS, **(env or {})})
     controller = gateways["controller"]
@@ -281,7 +291,7 @@ async def compare(
         and max(settled) <= budget.fits
         and converged_at <= budget.fits,
         "at most one preemption a minute": preemptions["controller"] <= math.ceil(pace.measured_s / 60),
-        **{f">= 0.9x {name}": ratio >= 0.9 for name, ratio in paired.items()},
+        **{f">= 0.9x {name}, or at its limit throughout": comparison.holds(name, settled) for name in paired},
     }
     state = upstream_state(controller)
     return Outcome(

@@ -7,8 +7,10 @@ The controller must see static 2C preempt in the same test, settle at or below w
 lets run (``Budget.fits``: 12, the requests out of step with room for three spreads of their KV), see at most
 one preemption a minute while judged, and deliver at least 0.9x each static limit's goodput (within a TTFT
 objective of 4 s, ``OBJECTIVES`` says why, and the gateway's TPOT objective), the median of round-by-round ratios
-over rotated rounds. ``bench/controller_vllm.py`` runs the same comparison longer, for whole answers too, and
-writes the figures docs/vllm.md shows.
+over rotated rounds, unless it ran at exactly that limit through every measured run: then it was that
+configuration, and its ratio is the machine's noise (as in ``test_controller_llama.py``).
+``bench/controller_vllm.py`` runs the same comparison longer, for whole answers too, and writes the figures
+docs/vllm.md shows.
 
 One vLLM for the module and three gateways: 60 s to converge, then three rounds of three 25-second runs (15 s of
 warm-up, 10 s measured), vLLM idle between runs, the requests in flight at the end of a run let finish (their
@@ -64,9 +66,6 @@ async def test_controller_holds_streams_below_preemption_at_the_best_static_limi
     module_processes, config, budget
 ) -> None:
     outcome = await compare(module_processes, config.base_url, budget, streamed=True, pace=PACE, env=OBJECTIVES)
-    print(
-        f"ratios {outcome.ratio}, per run {outcome.runs}, limits measured {sorted(set(outcome.limit_measured))}, "
-        f"preemptions {outcome.preemptions}, upstream TTFT p99 per run {outcome.upstream_ttft_p99}, "
-        f"limit changes {outcome.limit_changes}"
-    )
-    assert not outcome.failed(), f"not met: {outcome.failed()}\n{json.dumps(asdict(outcome), indent=1)}"
+    print(f"{outcome.summary()}, limit changes {outcome.limit_changes}")
+    report = f"not met: {outcome.failed()}\n{outcome.summary()}\n{json.dumps(asdict(outcome), indent=1)}"
+    assert not outcome.failed(), report

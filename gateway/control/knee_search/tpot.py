@@ -54,8 +54,8 @@ class TpotPredictor:
             self._per_slot.popleft()
         if obs.tpot_p99 is None or obs.latency_samples < self.min_samples:
             return
-        lives = mean_limit * obs.window_s / obs.completed if obs.completed else obs.window_s
-        during = [rate for at, rate in self._per_slot if at >= obs.now - max(lives, obs.window_s)]
+        lives = max(obs.window_s, mean_limit * obs.window_s / obs.completed) if obs.completed else obs.window_s
+        during = [rate for at, rate in self._per_slot if at >= obs.now - lives]
         point = obs.tpot_p99 * sum(during) / len(during)
         self.scale = point if self.scale is None else self.scale + _WEIGHT * (point - self.scale)
 
