@@ -9,11 +9,11 @@ not keep whatever split the race at start-up gave them).
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway.control.config import AimdConfig
+from gateway.control.knee_search.timed_mean import TimedMean
 from gateway.control.observation import Observation
 from gateway.control.window import Outcome, RequestSample
 
@@ -113,15 +113,14 @@ class KvRoom:
     the limit. The KV per sequence is therefore the mean over the last ``span_s``."""
 
     def __init__(self, span_s: float) -> None:
-        self.span_s = span_s
-        self._per_sequence: deque[tuple[float, float]] = deque()  # (when, KV usage per running sequence)
+        self._per_sequence = TimedMean(span_s)  # KV usage per running sequence
 
     def observe(self, obs: Observation, config: AimdConfig) -> None:
         kv, running = obs.kv_usage, obs.backend_running
         if _fresh(obs, config) and kv is not None and running:
-            self._per_sequence.append((obs.now, kv / running))
-        while self._per_sequence and self._per_sequence[0][0] < obs.now - self.span_s:
-            self._per_sequence.popleft()
+            self._per_sequence.add(obs.now, kv / running)
+        else:
+            self._per_sequence.forget(obs.now)
 
     def room(self, obs: Observation, config: AimdConfig) -> int | None:
         """How many sequences a step up may add: ``KV_ROOM_SHARE`` of the room under ``kv_usage_resume``,
@@ -141,9 +140,9 @@ class KvRoom:
         return room is not None and math.floor(KV_ROOM_SHARE * room) <= 0
 
     def _sequences(self, obs: Observation, config: AimdConfig) -> float | None:
-        if not _fresh(obs, config) or not obs.backend_running or not self._per_sequence:
+        per_sequence = self._per_sequence.mean()
+        if not _fresh(obs, config) or not obs.backend_running or per_sequence is None:
             return None
-        per_sequence = sum(per for _, per in self._per_sequence) / len(self._per_sequence)
         return config.kv_usage_resume / per_sequence - obs.backend_running
 
 

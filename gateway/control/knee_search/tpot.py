@@ -14,9 +14,8 @@ slower tokens only once they end. :meth:`TpotPredictor.after_slowdown` answers i
 
 from __future__ import annotations
 
-from collections import deque
-
 from gateway.control.knee_search.meter import LimitHistory
+from gateway.control.knee_search.timed_mean import TimedMean
 from gateway.control.observation import Observation
 
 _WEIGHT = 0.3  # EWMA weight of a new calibration point
@@ -29,7 +28,7 @@ class TpotPredictor:
         self.scale: float | None = None  # p99 TPOT / (limit / tokens/s), learned
         self.judged: float | None = None  # the last p99 TPOT judged on min_samples requests or more
         self._history = LimitHistory()
-        self._per_slot: deque[tuple[float, float]] = deque()  # (when, tokens/s per slot), bottleneck ticks
+        self._per_slot = TimedMean(_KEEP_S)  # tokens/s per slot, on bottleneck ticks
 
     def limit_set(self, now: float, limit: int) -> None:
         self._history.set(now, limit)
@@ -49,14 +48,14 @@ class TpotPredictor:
         mean_limit = self._history.mean(obs.now - obs.window_s, obs.now)
         if not bottleneck or not mean_limit or obs.tokens_per_s <= 0:
             return
-        self._per_slot.append((obs.now, obs.tokens_per_s / mean_limit))
-        while self._per_slot[0][0] < obs.now - _KEEP_S:
-            self._per_slot.popleft()
+        self._per_slot.add(obs.now, obs.tokens_per_s / mean_limit)
         if obs.tpot_p99 is None or obs.latency_samples < self.min_samples:
             return
         lives = max(obs.window_s, mean_limit * obs.window_s / obs.completed) if obs.completed else obs.window_s
-        during = [rate for at, rate in self._per_slot if at >= obs.now - lives]
-        point = obs.tpot_p99 * sum(during) / len(during)
+        during = self._per_slot.mean(obs.now - lives)
+        if during is None:
+            return
+        point = obs.tpot_p99 * during
         self.scale = point if self.scale is None else self.scale + _WEIGHT * (point - self.scale)
 
     def predict(self, limit: int, rate: float) -> float | None:
