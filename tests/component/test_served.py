@@ -185,6 +185,32 @@ async def test_kept_connections_serve_one_request_after_another(stage: Stage) ->
     assert len(upstream.posts()) == 3
 
 
+async def test_pipelined_requests_are_answered_whole_and_in_order(stage: Stage) -> None:
+    """Two requests sent in one write on a kept connection (HTTP/1.1 pipelining): the front door keeps a
+    request's connection-loss handle and head timer per request begun, not per connection, so the second is
+    parsed while the first is being answered and each gets its own whole answer, in order."""
+    upstream = await stage.upstream()
+    upstream.then(whole(chat_answer("one")), whole(chat_answer("two")))
+    gw = await stage.gateway(upstream)
+    body = json.dumps({"model": MODEL, "messages": CHAT}).encode()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+    kept = head + b"content-length: %d\r\n\r\n" % len(body) + body
+    closing = head + b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    async with served(gw) as url:
+        answers = await exchange_raw(url, kept + closing)
+    first_head, _, rest = answers.partition(b"\r\n\r\n")
+    length = int(first_head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    first = head_of(first_head + b"\r\n\r\n" + rest[:length])
+    second = head_of(rest[length:])
+    assert [(status, answer["choices"][0]["message"]["content"]) for status, _, answer in (first, second)] == [
+        (200, "one"),
+        (200, "two"),
+    ]
+    assert second[1]["connection"] == "close"
+    await until(lambda: gw.inflight() == 0)
+    gw.assert_settled()
+
+
 async def test_a_body_whole_with_its_head_is_read_without_a_timer_and_one_still_arriving_with_one(
     stage: Stage, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -140,8 +140,10 @@ class KvRoom:
         return room is not None and math.floor(KV_ROOM_SHARE * room) <= 0
 
     def _sequences(self, obs: Observation, config: AimdConfig) -> float | None:
+        if not _fresh(obs, config) or not obs.backend_running:
+            return None
         per_sequence = self._per_sequence.mean()
-        if not _fresh(obs, config) or not obs.backend_running or per_sequence is None:
+        if per_sequence is None:
             return None
         return config.kv_usage_resume / per_sequence - obs.backend_running
 

@@ -53,8 +53,7 @@ class TpotPredictor:
             return
         lives = max(obs.window_s, mean_limit * obs.window_s / obs.completed) if obs.completed else obs.window_s
         during = self._per_slot.mean(obs.now - lives)
-        if during is None:
-            return
+        assert during is not None, "the rate added above is within lives (at least window_s) of now"
         point = obs.tpot_p99 * during
         self.scale = point if self.scale is None else self.scale + _WEIGHT * (point - self.scale)
 
